@@ -1,0 +1,121 @@
+"""Start and stop the real delaypay processes (worker, promoter, beat) as children.
+
+Used by the end-to-end tests, the benchmark and the fault-injection run, so that all
+three drive the system exactly as the Procfile does.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+from django.conf import settings
+from django.db import connection
+
+BASE_DIR = Path(settings.BASE_DIR)
+
+
+def procfile() -> dict[str, str]:
+    """The Procfile's process types and their command lines."""
+    lines = (BASE_DIR / "Procfile").read_text().splitlines()
+    return dict(line.split(":", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+def database_url(db_settings: dict | None = None) -> str:
+    """A DATABASE_URL for the database this process is connected to (the test database
+    inside a test)."""
+    db = db_settings or connection.settings_dict
+    user = quote(db.get("USER") or "", safe="")
+    password = quote(db.get("PASSWORD") or "", safe="")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = db.get("HOST") or "127.0.0.1"
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgres://{auth}{host}{port}/{quote(db['NAME'], safe='')}"
+
+
+class Stack:
+    """A set of delaypay processes sharing one environment and one log directory."""
+
+    def __init__(self, log_dir: Path, *, env: dict[str, str] | None = None):
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "delaypay.settings",
+            "DATABASE_URL": database_url(),
+            "REDIS_URL": settings.REDIS_URL,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._logs: list = []
+
+    def _spawn(self, name: str, kind: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Run the Procfile's ``kind`` line under the name ``name``."""
+        if name in self.procs and self.procs[name].poll() is None:
+            raise RuntimeError(f"{name} is already running")
+        log = open(self.log_dir / f"{name}.log", "ab")
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            ["sh", "-c", f"exec {procfile()[kind]}"],
+            cwd=BASE_DIR,
+            env={**self.env, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def start_worker(self, name: str = "worker", *, concurrency: int = 2) -> subprocess.Popen:
+        return self._spawn(name, "worker", {"WORKER_NAME": name, "WORKER_CONCURRENCY": str(concurrency)})
+
+    def start_promoter(self, name: str = "promoter") -> subprocess.Popen:
+        return self._spawn(name, "promoter", {"PROMOTER_NAME": name})
+
+    def start_beat(self, name: str = "beat") -> subprocess.Popen:
+        return self._spawn(name, "beat", {"DELAYPAY_BEAT_SCHEDULE_FILE": str(self.log_dir / f"{name}-schedule")})
+
+    def start_all(self, *, workers: int = 1, concurrency: int = 2) -> None:
+        for i in range(workers):
+            self.start_worker(f"worker{i + 1}", concurrency=concurrency)
+        self.start_promoter()
+        self.start_beat()
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal a process's whole group (the parent and its prefork children)."""
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                proc.wait(timeout=30)
+
+    def log(self, name: str) -> str:
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)
+        for log in self._logs:
+            log.close()
+        self._logs.clear()

@@ -1,0 +1,12 @@
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include("payments.api.urls")),
+]
+
+handler400 = "payments.api.errors.bad_request"
+handler403 = "payments.api.errors.permission_denied"
+handler404 = "payments.api.errors.not_found"
+handler500 = "payments.api.errors.server_error"

@@ -1,0 +1,16 @@
+"""Ledger reads, scoped to who may see what."""
+
+from django.db.models import Q, QuerySet
+
+from .models import Account, Transfer
+
+
+def account_visible_to(*, user) -> QuerySet[Account]:
+    """Accounts a user may read: their own; staff see every account."""
+    qs = Account.objects.all()
+    return qs if user.is_staff else qs.filter(owner=user)
+
+
+def transfers_for_account(*, account_id: str) -> QuerySet[Transfer]:
+    """Every transfer that debits or credits the account."""
+    return Transfer.objects.filter(Q(debit_account_id=account_id) | Q(credit_account_id=account_id))

@@ -1,0 +1,173 @@
+"""Ledger writes. Every money movement goes through ``ledger_post_batch``.
+
+The batch form exists for the executor (one transaction per batch of payments); the
+single-transfer services are thin wrappers over it so that there is exactly one
+implementation of the guard, the funds check and the balance update.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from django.db import connection, transaction
+
+from .models import ISSUANCE_ACCOUNT_ID, Account
+
+
+class Outcome(StrEnum):
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already_applied"
+    INSUFFICIENT_FUNDS = "insufficient_funds"
+    ACCOUNT_FROZEN = "account_frozen"
+    ACCOUNT_CLOSED = "account_closed"
+
+    @property
+    def moved(self) -> bool:
+        """True when a transfer with this key exists after the call."""
+        return self in (Outcome.APPLIED, Outcome.ALREADY_APPLIED)
+
+
+@dataclass(frozen=True, slots=True)
+class Posting:
+    key: str
+    debit_account_id: str
+    credit_account_id: str
+    amount: int
+
+
+@dataclass(frozen=True, slots=True)
+class PostResult:
+    outcome: Outcome
+    # When the money moved: this call's transaction time, or the original transfer's
+    # time for an already-applied key. None when nothing moved.
+    posted_at: datetime | None
+
+
+class UnknownAccount(Exception):
+    pass
+
+
+class InvalidPosting(ValueError):
+    pass
+
+
+class AccountStateError(ValueError):
+    pass
+
+
+def ledger_post_batch(*, postings: Sequence[Posting]) -> dict[str, PostResult]:
+    """Apply postings in the given order inside the caller's transaction.
+
+    Idempotent on ``key``: a key that already has a transfer is reported
+    ``ALREADY_APPLIED`` and moves nothing, before any funds check (a retry after a
+    crash must never turn moved money into a failure). Every other posting gets its
+    own status and funds check against balances locked ``FOR UPDATE`` in ascending
+    id order, so concurrent batches cannot deadlock on accounts.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("ledger_post_batch must run inside transaction.atomic()")
+    for p in postings:
+        if p.amount <= 0 or p.debit_account_id == p.credit_account_id:
+            raise InvalidPosting(f"invalid posting {p!r}")
+    if not postings:
+        return {}
+
+    account_ids = sorted({p.debit_account_id for p in postings} | {p.credit_account_id for p in postings})
+    keys = [p.key for p in postings]
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT id, kind, status, balance FROM ledger_account"
+            " WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
+            [account_ids],
+        )
+        accounts = {row[0]: {"kind": row[1], "status": row[2], "balance": row[3]} for row in cur.fetchall()}
+        missing = set(account_ids) - accounts.keys()
+        if missing:
+            raise UnknownAccount(", ".join(sorted(missing)))
+
+        cur.execute("SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)", [keys])
+        existing: dict[str, datetime] = dict(cur.fetchall())
+        cur.execute("SELECT now()")
+        now = cur.fetchone()[0]
+
+        results: dict[str, PostResult] = {}
+        deltas: dict[str, int] = {}
+        new_transfers: list[Posting] = []
+        for p in postings:
+            if p.key in existing:
+                results[p.key] = PostResult(Outcome.ALREADY_APPLIED, existing[p.key])
+                continue
+            if p.key in results:  # the same key twice in one batch: the first one counts
+                first = results[p.key]
+                results[p.key] = (
+                    PostResult(Outcome.ALREADY_APPLIED, first.posted_at) if first.outcome.moved else first
+                )
+                continue
+            debit, credit = accounts[p.debit_account_id], accounts[p.credit_account_id]
+            if debit["status"] == Account.Status.CLOSED or credit["status"] == Account.Status.CLOSED:
+                results[p.key] = PostResult(Outcome.ACCOUNT_CLOSED, None)
+            elif debit["status"] == Account.Status.FROZEN:
+                results[p.key] = PostResult(Outcome.ACCOUNT_FROZEN, None)
+            elif debit["kind"] == Account.Kind.USER and debit["balance"] < p.amount:
+                results[p.key] = PostResult(Outcome.INSUFFICIENT_FUNDS, None)
+            else:
+                debit["balance"] -= p.amount
+                credit["balance"] += p.amount
+                deltas[p.debit_account_id] = deltas.get(p.debit_account_id, 0) - p.amount
+                deltas[p.credit_account_id] = deltas.get(p.credit_account_id, 0) + p.amount
+                new_transfers.append(p)
+                results[p.key] = PostResult(Outcome.APPLIED, now)
+
+        if new_transfers:
+            # Set-based writes: one INSERT and one UPDATE for the whole batch.
+            cur.execute(
+                "INSERT INTO ledger_transfer (key, debit_account_id, credit_account_id, amount, created_at)"
+                " SELECT k, d, c, a, now()"
+                " FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS t(k, d, c, a)",
+                [
+                    [p.key for p in new_transfers],
+                    [p.debit_account_id for p in new_transfers],
+                    [p.credit_account_id for p in new_transfers],
+                    [p.amount for p in new_transfers],
+                ],
+            )
+            changed = sorted(a for a, d in deltas.items() if d)
+            cur.execute(
+                "UPDATE ledger_account a SET balance = a.balance + v.delta, updated_at = now()"
+                " FROM unnest(%s::text[], %s::bigint[]) AS v(id, delta) WHERE a.id = v.id",
+                [changed, [deltas[a] for a in changed]],
+            )
+    return results
+
+
+def ledger_transfer(*, key: str, debit_account_id: str, credit_account_id: str, amount: int) -> PostResult:
+    """Move ``amount`` once per ``key``; a repeated key moves nothing (``ALREADY_APPLIED``)."""
+    with transaction.atomic():
+        return ledger_post_batch(
+            postings=[Posting(key, debit_account_id, credit_account_id, amount)],
+        )[key]
+
+
+def ledger_deposit(*, key: str, account_id: str, amount: int) -> PostResult:
+    """Credit a user account from the issuance account: how money enters the system."""
+    return ledger_transfer(
+        key=key, debit_account_id=ISSUANCE_ACCOUNT_ID, credit_account_id=account_id, amount=amount
+    )
+
+
+def account_create(*, owner, name: str) -> Account:
+    """Open an empty user account owned by ``owner``."""
+    return Account.objects.create(owner=owner, name=name, kind=Account.Kind.USER)
+
+
+def account_set_status(*, account_id: str, status: str) -> Account:
+    """Freeze, unfreeze or close an account. Closing is final."""
+    with transaction.atomic():
+        account = Account.objects.select_for_update().get(pk=account_id)
+        if account.status == Account.Status.CLOSED and status != Account.Status.CLOSED:
+            raise AccountStateError("a closed account cannot be reopened")
+        if account.status != status:
+            Account.objects.filter(pk=account_id).update(status=status)
+            account.refresh_from_db()
+        return account

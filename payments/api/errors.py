@@ -1,0 +1,104 @@
+"""One error shape everywhere: ``{"code": "<snake_case>", "detail": "<sentence>", ...}``.
+
+Domain exceptions and DRF's own exceptions are mapped to HTTP here and only here.
+"""
+
+import logging
+
+from django.http import Http404, JsonResponse
+from django.views import defaults
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from payments.exceptions import DomainError
+
+logger = logging.getLogger(__name__)
+
+_DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
+    (exceptions.NotAuthenticated, "not_authenticated"),
+    (exceptions.AuthenticationFailed, "not_authenticated"),
+    (exceptions.PermissionDenied, "permission_denied"),
+    (exceptions.NotFound, "not_found"),
+    (exceptions.MethodNotAllowed, "method_not_allowed"),
+    (exceptions.NotAcceptable, "not_acceptable"),
+    (exceptions.UnsupportedMediaType, "unsupported_media_type"),
+    (exceptions.Throttled, "throttled"),
+    (exceptions.ParseError, "parse_error"),
+    (exceptions.ValidationError, "validation_error"),
+]
+
+
+def _flatten(detail):
+    """DRF error details -> plain lists of strings per field."""
+    if isinstance(detail, dict):
+        return {k: _flatten(v) for k, v in detail.items()}
+    if isinstance(detail, list):
+        if all(not isinstance(d, dict | list) for d in detail):
+            return [str(d) for d in detail]
+        return [_flatten(d) for d in detail]
+    return [str(detail)]
+
+
+def error_body(code: str, detail: str, **extra) -> dict:
+    return {"code": code, "detail": detail, **extra}
+
+
+def exception_handler(exc, context):
+    """DRF EXCEPTION_HANDLER: every error leaves as the one shape."""
+    if isinstance(exc, DomainError):
+        set_rollback()
+        return Response(error_body(exc.code, exc.detail, **exc.extra), status=exc.http_status)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    if not isinstance(exc, exceptions.APIException):
+        return None  # a real bug: Django's 500 handler answers (JSON, see server_error)
+    set_rollback()
+    code = next((c for cls, c in _DRF_CODES if isinstance(exc, cls)), "error")
+    headers = {}
+    if getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = exc.auth_header
+    if getattr(exc, "wait", None) is not None:
+        headers["Retry-After"] = str(int(exc.wait) + 1)
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        if not isinstance(fields, dict):
+            fields = {"non_field_errors": fields}
+        body = error_body(code, "Invalid input.", fields=fields)
+    else:
+        body = error_body(code, str(exc.detail))
+    response = Response(body, status=exc.status_code, headers=headers)
+    # DRF drops WWW-Authenticate when status is 403; our 401s keep it.
+    if exc.status_code == status.HTTP_401_UNAUTHORIZED and "WWW-Authenticate" not in response:
+        response["WWW-Authenticate"] = 'Token realm="api"'
+    return response
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith("/api/")
+
+
+# Django's own error views (urls.py handler404 etc.): JSON under /api/, HTML elsewhere
+# so the admin keeps its pages.
+def not_found(request, exception=None):
+    if not _is_api(request):
+        return defaults.page_not_found(request, exception)
+    return JsonResponse(error_body("not_found", "Not found."), status=404)
+
+
+def bad_request(request, exception=None):
+    if not _is_api(request):
+        return defaults.bad_request(request, exception)
+    return JsonResponse(error_body("bad_request", "Bad request."), status=400)
+
+
+def permission_denied(request, exception=None):
+    if not _is_api(request):
+        return defaults.permission_denied(request, exception)
+    return JsonResponse(error_body("permission_denied", "Permission denied."), status=403)
+
+
+def server_error(request):
+    if not _is_api(request):
+        return defaults.server_error(request)
+    return JsonResponse(error_body("server_error", "Internal server error."), status=500)

@@ -1,0 +1,62 @@
+"""Domain errors. Each carries the stable ``code`` clients see; payments/api/errors.py
+maps them to HTTP in one place."""
+
+
+class DomainError(Exception):
+    code = "error"
+    http_status = 400
+    default_detail = "The request could not be completed."
+
+    def __init__(self, detail: str | None = None, **extra):
+        self.detail = detail or self.default_detail
+        self.extra = extra
+        super().__init__(self.detail)
+
+
+class PaymentValidationError(DomainError):
+    """Business-rule validation that needs the database (ownership, account state, clock)."""
+
+    code = "validation_error"
+    default_detail = "Invalid input."
+
+    def __init__(self, fields: dict[str, list[str]], detail: str | None = None):
+        super().__init__(detail, fields=fields)
+        self.fields = fields
+
+
+class PaymentNotFound(DomainError):
+    code = "not_found"
+    http_status = 404
+    default_detail = "No such payment."
+
+
+class AccountNotFound(DomainError):
+    code = "not_found"
+    http_status = 404
+    default_detail = "No such account."
+
+
+class PaymentNotCancellable(DomainError):
+    code = "payment_not_cancellable"
+    http_status = 409
+
+    def __init__(self, status: str):
+        super().__init__(f"The payment is {status} and can no longer be cancelled.", status=status)
+        self.status = status
+
+
+class DepositRejected(DomainError):
+    code = "deposit_rejected"
+    http_status = 409
+
+
+class IdempotencyKeyReused(DomainError):
+    code = "idempotency_key_reused"
+    http_status = 409
+    default_detail = "This Idempotency-Key was already used with a different request."
+
+
+class IdempotencyKeyInUse(DomainError):
+    code = "idempotency_key_in_use"
+    http_status = 409
+    default_detail = "A request with this Idempotency-Key is still in progress; retry shortly."

@@ -1,0 +1,71 @@
+"""Demo data for `make run`: users, funded accounts and payments due within a minute."""
+
+import os
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.utils import timezone
+
+from delaypay.ids import new_id
+from ledger.models import Account
+from ledger.services import account_create, ledger_deposit
+from payments.services import payment_cancel, payment_schedule
+
+
+class Command(BaseCommand):
+    help = "Create demo users and accounts (once) and schedule fresh demo payments (every run)."
+
+    def handle(self, *args, **options):
+        password = os.environ.get("DELAYPAY_DEMO_PASSWORD", "demo-password")
+        User = get_user_model()
+        admin, created = User.objects.get_or_create(
+            username="admin", defaults={"is_staff": True, "is_superuser": True}
+        )
+        if created:
+            admin.set_password(password)
+            admin.save()
+        people = {}
+        for name in ("alice", "bob"):
+            user, created = User.objects.get_or_create(username=name)
+            if created:
+                user.set_password(password)
+                user.save()
+            account = Account.objects.filter(owner=user).order_by("created_at").first()
+            if account is None:
+                account = account_create(owner=user, name=f"{name}'s wallet")
+                ledger_deposit(key=new_id("dep"), account_id=account.id, amount=10_000)
+            people[name] = (user, account)
+
+        (alice, alice_acc), (bob, bob_acc) = people["alice"], people["bob"]
+        now = timezone.now()
+        scheduled = []
+        for i, amount in enumerate((100, 250, 400, 50, 75), start=1):
+            scheduled.append(
+                payment_schedule(
+                    payer=alice, from_account_id=alice_acc.id, to_account_id=bob_acc.id,
+                    amount=amount, execute_at=now + timedelta(seconds=5 * i),
+                )
+            )
+        # One that cannot be paid, and one cancelled before it is due.
+        too_big = payment_schedule(
+            payer=bob, from_account_id=bob_acc.id, to_account_id=alice_acc.id,
+            amount=10**9, execute_at=now + timedelta(seconds=12),
+        )
+        doomed = payment_schedule(
+            payer=alice, from_account_id=alice_acc.id, to_account_id=bob_acc.id,
+            amount=999, execute_at=now + timedelta(seconds=20),
+        )
+        payment_cancel(payment_id=doomed.id, actor=alice)
+
+        self.stdout.write(self.style.SUCCESS(
+            f"demo: {len(scheduled)} payments alice -> bob due in 5..25 s, {too_big.id} underfunded"
+            f" (will fail), {doomed.id} cancelled"
+        ))
+        self.stdout.write(
+            "users alice, bob and admin (staff); password from DELAYPAY_DEMO_PASSWORD (default demo-password)\n"
+            "admin: http://127.0.0.1:8000/admin/\n"
+            "token: curl -s -X POST -H 'Content-Type: application/json'"
+            " -d '{\"username\": \"alice\", \"password\": \"demo-password\"}' http://127.0.0.1:8000/api/v1/auth/token\n"
+            f"then:  curl -s -H 'Authorization: Token <token>' http://127.0.0.1:8000/api/v1/payments/{scheduled[0].id}"
+        )

@@ -1,0 +1,92 @@
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.management import call_command
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from delaypay.processes import Stack
+from ledger.models import ISSUANCE_ACCOUNT_ID, Account
+
+from .factories import UserFactory
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _static_files():
+    """Production storage (WhiteNoise's manifest) needs collectstatic, as the release step runs."""
+    if not (Path(settings.STATIC_ROOT) / "staticfiles.json").exists():
+        call_command("collectstatic", interactive=False, verbosity=0)
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _issuance_account(request):
+    """The issuance account comes from a data migration; transactional tests flush
+    every table between tests, so put it back for each test that uses the database."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None:
+        return
+    transactional = marker.kwargs.get("transaction", False) or (bool(marker.args) and marker.args[0])
+    request.getfixturevalue("transactional_db" if transactional else "db")
+    Account.objects.get_or_create(
+        id=ISSUANCE_ACCOUNT_ID, defaults={"name": "Issuance", "kind": Account.Kind.SYSTEM}
+    )
+
+
+@pytest.fixture
+def user(db):
+    return UserFactory()
+
+
+@pytest.fixture
+def other_user(db):
+    return UserFactory()
+
+
+@pytest.fixture
+def staff_user(db):
+    return UserFactory(is_staff=True)
+
+
+def client_for(user) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        token, _ = Token.objects.get_or_create(user=user)
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def api(user):
+    return client_for(user)
+
+
+@pytest.fixture
+def staff_api(staff_user):
+    return client_for(staff_user)
+
+
+def flush_test_redis() -> None:
+    """Empty the Redis database the tests use (never database 0, which `make run` uses)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    if client.connection_pool.connection_kwargs.get("db", 0) == 0:
+        raise RuntimeError("refusing to flush Redis database 0: point REDIS_URL at a test database")
+    client.flushdb()
+
+
+@pytest.fixture
+def celery_stack(request, transactional_db, tmp_path):
+    """Real `celery worker` (execute queue), promoter worker and `celery beat`
+    processes against the test database and a private Redis database."""
+    flush_test_redis()
+    stack = Stack(tmp_path, env=request.param if hasattr(request, "param") else None)
+    try:
+        yield stack
+    finally:
+        stack.stop()

@@ -1,0 +1,62 @@
+from datetime import timedelta
+
+import factory
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from delaypay.ids import new_id
+from ledger.models import Account
+from ledger.services import ledger_deposit
+from payments.models import ScheduledPayment
+
+PASSWORD = "correct-horse-battery-staple"
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    password = factory.PostGenerationMethodCall("set_password", PASSWORD)
+
+    @factory.post_generation
+    def _save(obj, create, extracted, **kwargs):
+        if create:
+            obj.save()
+
+
+class AccountFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Account
+
+    owner = factory.SubFactory(UserFactory)
+    name = factory.Sequence(lambda n: f"account {n}")
+    kind = Account.Kind.USER
+
+
+def funded_account(*, owner=None, balance: int = 0, **kwargs) -> Account:
+    """A user account holding ``balance`` units, deposited through the ledger."""
+    account = AccountFactory(owner=owner or UserFactory(), **kwargs)
+    if balance:
+        ledger_deposit(key=new_id("dep"), account_id=account.id, amount=balance)
+        account.refresh_from_db()
+    return account
+
+
+def due_payment(*, source: Account, target: Account, amount: int, seconds_ago: float = 1.0, payer=None):
+    """A SCHEDULED payment already due (written directly: the service refuses the past)."""
+    return ScheduledPayment.objects.create(
+        payer=payer or source.owner,
+        from_account=source,
+        to_account=target,
+        amount=amount,
+        execute_at=timezone.now() - timedelta(seconds=seconds_ago),
+    )
+
+
+def expire_lease(payment) -> None:
+    """Make an EXECUTING payment's lease lapse now (a test's transaction has one now())."""
+    ScheduledPayment.objects.filter(pk=payment.pk, status="EXECUTING").update(
+        lease_until=timezone.now() - timedelta(hours=1)
+    )

@@ -1,0 +1,207 @@
+from functools import partial
+
+import pytest
+
+from ledger.models import Account, Transfer
+from ledger.services import account_set_status, ledger_transfer
+from payments import execution, tasks
+from payments.exceptions import PaymentNotCancellable
+from payments.execution import execute_batch
+from payments.models import ExecutionAttempt, PaymentEvent, PaymentStatus
+from payments.promoter import claim_due
+from payments.services import payment_cancel
+from tests.concurrency import run_concurrently
+from tests.factories import due_payment, expire_lease, funded_account
+
+
+def claimed(*payments):
+    claim = claim_due(batch=1000, lease_seconds=60)
+    wanted = {p.id for p in payments}
+    return [pair for pair in claim.fresh + claim.reclaimed if pair[0] in wanted]
+
+
+def refresh(*objs):
+    for obj in objs:
+        obj.refresh_from_db()
+
+
+@pytest.mark.django_db
+def test_execute_moves_money_and_records_attempt_and_event():
+    a, b = funded_account(balance=100), funded_account()
+    payment = due_payment(source=a, target=b, amount=40)
+    result = execute_batch(pairs=claimed(payment), worker="w1")
+    assert result.executed == [payment.id]
+    refresh(a, b, payment)
+    assert (a.balance, b.balance) == (60, 40)
+    assert payment.status == PaymentStatus.EXECUTED
+    assert payment.lease_until is None
+    transfer = Transfer.objects.get(key=payment.id)
+    assert payment.executed_at == transfer.created_at
+    attempt = ExecutionAttempt.objects.get(payment=payment)
+    assert (attempt.attempt, attempt.outcome, attempt.worker) == (1, "executed", "w1")
+    assert list(PaymentEvent.objects.filter(payment=payment).values_list("kind", flat=True)) == [
+        "claimed",
+        "executed",
+    ]
+
+
+@pytest.mark.django_db
+def test_underfunded_payment_fails_and_moves_nothing():
+    a, b = funded_account(balance=10), funded_account()
+    payment = due_payment(source=a, target=b, amount=11)
+    result = execute_batch(pairs=claimed(payment))
+    assert result.failed == {payment.id: "insufficient_funds"}
+    refresh(a, b, payment)
+    assert (a.balance, b.balance) == (10, 0)
+    assert (payment.status, payment.failure_reason) == (PaymentStatus.FAILED, "insufficient_funds")
+    assert not Transfer.objects.filter(key=payment.id).exists()
+
+
+@pytest.mark.django_db
+def test_frozen_payer_fails_with_account_frozen():
+    a, b = funded_account(balance=10), funded_account()
+    payment = due_payment(source=a, target=b, amount=1)
+    account_set_status(account_id=a.id, status=Account.Status.FROZEN)
+    assert execute_batch(pairs=claimed(payment)).failed == {payment.id: "account_frozen"}
+
+
+@pytest.mark.django_db
+def test_due_order_decides_who_gets_the_money():
+    a, b = funded_account(balance=100), funded_account()
+    first = due_payment(source=a, target=b, amount=80, seconds_ago=10)
+    second = due_payment(source=a, target=b, amount=80, seconds_ago=5)
+    pairs = claimed(first, second)
+    result = execute_batch(pairs=list(reversed(pairs)))
+    assert result.executed == [first.id]
+    assert result.failed == {second.id: "insufficient_funds"}
+
+
+@pytest.mark.django_db
+def test_duplicate_delivery_moves_money_once():
+    a, b = funded_account(balance=100), funded_account()
+    payment = due_payment(source=a, target=b, amount=30)
+    pairs = claimed(payment)
+    assert execute_batch(pairs=pairs).executed == [payment.id]
+    again = execute_batch(pairs=pairs)
+    assert again.stale == pairs
+    assert again.executed == [] and again.already_applied == []
+    refresh(a)
+    assert a.balance == 70
+    assert Transfer.objects.filter(key=payment.id).count() == 1
+    # The duplicate left no second attempt row: (payment, attempt) is unique.
+    assert ExecutionAttempt.objects.filter(payment=payment).count() == 1
+
+
+@pytest.mark.django_db
+def test_crash_after_apply_converges_to_executed_without_rechecking_funds():
+    a, b = funded_account(balance=50), funded_account()
+    payment = due_payment(source=a, target=b, amount=50)
+    claimed(payment)
+    # The first worker moved the money and died before its status CAS.
+    ledger_transfer(key=payment.id, debit_account_id=a.id, credit_account_id=b.id, amount=50)
+    expire_lease(payment)
+    (pair,) = claimed(payment)  # re-claimed after the lease expired: attempt 2
+    assert pair == (payment.id, 2)
+    result = execute_batch(pairs=[pair])
+    assert result.already_applied == [payment.id]
+    refresh(a, payment)
+    assert a.balance == 0  # moved once, and not turned into insufficient_funds
+    assert payment.status == PaymentStatus.EXECUTED
+    assert ExecutionAttempt.objects.get(payment=payment, attempt=2).outcome == "already_applied"
+
+
+@pytest.mark.django_db
+def test_poison_payment_does_not_hold_its_batch_hostage(monkeypatch):
+    a, b = funded_account(balance=100), funded_account()
+    healthy = [due_payment(source=a, target=b, amount=1) for _ in range(6)]
+    poison = due_payment(source=a, target=b, amount=1)
+    real = execution.ledger_post_batch
+
+    def flaky(*, postings):
+        if any(p.key == poison.id for p in postings):
+            raise ValueError("corrupt row")
+        return real(postings=postings)
+
+    monkeypatch.setattr(execution, "ledger_post_batch", flaky)
+    pairs = claimed(*healthy, poison)
+    result = tasks.apply_with_isolation(pairs)
+    assert sorted(result.executed) == sorted(p.id for p in healthy)
+    poison.refresh_from_db()
+    assert poison.status == PaymentStatus.EXECUTING  # left for the next claim, with a short backoff
+    attempt = ExecutionAttempt.objects.get(payment=poison, attempt=1)
+    assert attempt.outcome == "error" and "corrupt row" in attempt.error
+
+
+@pytest.mark.django_db
+def test_poison_payment_ends_attempts_exhausted(monkeypatch, settings):
+    settings.DELAYPAY_MAX_ATTEMPTS = 3
+    a, b = funded_account(balance=100), funded_account()
+    poison = due_payment(source=a, target=b, amount=1)
+
+    def broken(*, postings):
+        raise ValueError("always broken")
+
+    monkeypatch.setattr(execution, "ledger_post_batch", broken)
+    for attempt in range(1, 4):
+        expire_lease(poison)
+        (pair,) = claimed(poison)
+        assert pair == (poison.id, attempt)
+        tasks.apply_with_isolation([pair])
+    poison.refresh_from_db()
+    assert (poison.status, poison.failure_reason) == (PaymentStatus.FAILED, "attempts_exhausted")
+    errors = ExecutionAttempt.objects.filter(payment=poison).values_list("outcome", flat=True)
+    assert list(errors) == ["error", "error", "error"]
+    assert not Transfer.objects.filter(key=poison.id).exists()
+
+
+@pytest.mark.django_db
+def test_payment_claimed_past_the_limit_ends_exhausted(settings):
+    settings.DELAYPAY_MAX_ATTEMPTS = 2
+    a, b = funded_account(balance=100), funded_account()
+    payment = due_payment(source=a, target=b, amount=1)
+    for _ in range(3):  # its worker "dies" every time: the lease just expires
+        expire_lease(payment)
+        (pair,) = claimed(payment)
+    assert pair == (payment.id, 3)
+    assert execute_batch(pairs=[pair]).failed == {payment.id: "attempts_exhausted"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_executing_the_same_attempt_make_one_transfer():
+    for _ in range(20):
+        a, b = funded_account(balance=100), funded_account()
+        payment = due_payment(source=a, target=b, amount=100)
+        pairs = claimed(payment)
+        results = run_concurrently(partial(execute_batch, pairs=pairs), partial(execute_batch, pairs=pairs))
+        assert sorted(len(r.executed) for r in results) == [0, 1]
+        assert sorted(len(r.stale) for r in results) == [0, 1]
+        assert Transfer.objects.filter(key=payment.id).count() == 1
+        a.refresh_from_db()
+        assert a.balance == 0
+
+
+def cancel_status(payment_id, actor) -> str:
+    try:
+        return payment_cancel(payment_id=payment_id, actor=actor).status
+    except PaymentNotCancellable as exc:
+        return exc.status
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_and_claim_race_has_exactly_one_winner():
+    a, b = funded_account(), funded_account()
+    for _ in range(100):
+        payment = due_payment(source=a, target=b, amount=1)
+        cancel, claim = run_concurrently(
+            partial(cancel_status, payment.id, a.owner),
+            lambda: claim_due(batch=10, lease_seconds=60).fresh,
+        )
+        payment.refresh_from_db()
+        claim_won = claim == [(payment.id, 1)]
+        cancel_won = cancel == PaymentStatus.CANCELLED
+        assert claim_won != cancel_won, (cancel, claim)
+        # The loser's answer matches the final state.
+        assert payment.status == (PaymentStatus.EXECUTING if claim_won else PaymentStatus.CANCELLED)
+        if claim_won:
+            assert cancel == PaymentStatus.EXECUTING
+            execute_batch(pairs=[(payment.id, 1)])

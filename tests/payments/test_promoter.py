@@ -1,0 +1,151 @@
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from ledger.models import Transfer
+from payments.execution import execute_batch
+from payments.models import ExecutionAttempt, PaymentEvent, PaymentStatus, ScheduledPayment
+from payments.promoter import claim_due, messages_for, promoter_tick
+from tests.concurrency import run_concurrently
+from tests.factories import due_payment, expire_lease, funded_account
+
+
+def wait_for(predicate, timeout=10.0, interval=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+@pytest.mark.django_db
+def test_claim_takes_due_rows_oldest_first_and_leaves_future_ones():
+    a, b = funded_account(), funded_account()
+    newer = due_payment(source=a, target=b, amount=1, seconds_ago=1)
+    older = due_payment(source=a, target=b, amount=1, seconds_ago=5)
+    future = ScheduledPayment.objects.create(
+        payer=a.owner, from_account=a, to_account=b, amount=1, execute_at=timezone.now() + timedelta(hours=1)
+    )
+    claim = claim_due(batch=10, lease_seconds=60)
+    assert claim.fresh == [(older.id, 1), (newer.id, 1)]
+    assert claim.reclaimed == []
+    future.refresh_from_db()
+    assert future.status == PaymentStatus.SCHEDULED
+    older.refresh_from_db()
+    assert older.status == PaymentStatus.EXECUTING
+    assert older.lease_until > older.claimed_at
+    assert PaymentEvent.objects.filter(payment=older, kind="claimed", attempt=1).exists()
+
+
+@pytest.mark.django_db
+def test_claim_respects_batch_size():
+    a, b = funded_account(), funded_account()
+    for _ in range(5):
+        due_payment(source=a, target=b, amount=1)
+    assert len(claim_due(batch=3, lease_seconds=60)) == 3
+    assert len(claim_due(batch=3, lease_seconds=60)) == 2
+    assert len(claim_due(batch=3, lease_seconds=60)) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_crash_between_claim_and_publish_is_recovered_after_lease_expiry():
+    a, b = funded_account(balance=100), funded_account()
+    payment = due_payment(source=a, target=b, amount=30)
+    # The promoter claims and then "crashes": nothing is published.
+    assert claim_due(batch=10, lease_seconds=0.5).fresh == [(payment.id, 1)]
+    assert len(claim_due(batch=10, lease_seconds=0.5)) == 0  # the lease is still live
+    assert wait_for(lambda: len(claim := claim_due(batch=10, lease_seconds=60)) and claim.reclaimed)
+    payment.refresh_from_db()
+    assert (payment.status, payment.attempt) == (PaymentStatus.EXECUTING, 2)
+    assert PaymentEvent.objects.filter(payment=payment, kind="reclaimed", attempt=2).exists()
+
+    result = execute_batch(pairs=[(payment.id, 2)])
+    assert result.executed == [payment.id]
+    # The lost attempt's message turning up late changes nothing.
+    assert execute_batch(pairs=[(payment.id, 1)]).stale == [(payment.id, 1)]
+    payment.refresh_from_db()
+    assert payment.status == PaymentStatus.EXECUTED
+    assert Transfer.objects.filter(key=payment.id).count() == 1
+    a.refresh_from_db()
+    assert a.balance == 70
+    assert ExecutionAttempt.objects.get(payment=payment, attempt=1).outcome == "stale"
+
+
+@pytest.mark.django_db
+def test_reclaimed_payments_travel_alone():
+    a, b = funded_account(), funded_account()
+    p1 = due_payment(source=a, target=b, amount=1)
+    p2 = due_payment(source=a, target=b, amount=1)
+    claim_due(batch=10, lease_seconds=60)
+    expire_lease(p1)
+    expire_lease(p2)
+    p3 = due_payment(source=a, target=b, amount=1)
+    claim = claim_due(batch=10, lease_seconds=60)
+    assert claim.fresh == [(p3.id, 1)]
+    assert sorted(claim.reclaimed) == sorted([(p1.id, 2), (p2.id, 2)])
+    assert messages_for(claim)[0] == [(p3.id, 1)]
+    assert sorted(messages_for(claim)[1:]) == sorted([[(p1.id, 2)], [(p2.id, 2)]])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tick_publishes_after_commit_and_stops_at_the_in_flight_cap():
+    a, b = funded_account(), funded_account()
+    for _ in range(7):
+        due_payment(source=a, target=b, amount=1)
+    published = []
+
+    def publish(messages):
+        # Published only after the claim committed: no transaction is open.
+        assert not connection.in_atomic_block
+        for message in messages:
+            published.append([pid for pid, _ in message])
+
+    result = promoter_tick(publish=publish, execute_in_process=None, batch=3, in_flight_cap=5)
+    assert result.claimed == 5
+    assert result.capped
+    assert [len(m) for m in published] == [3, 2]
+    assert ScheduledPayment.objects.filter(status=PaymentStatus.SCHEDULED).count() == 2
+
+
+@pytest.mark.django_db
+def test_tick_executes_in_process_when_publishing_fails():
+    a, b = funded_account(balance=10), funded_account()
+    payment = due_payment(source=a, target=b, amount=4)
+
+    def publish(messages):
+        raise ConnectionError("redis is down")
+
+    executed = []
+    result = promoter_tick(
+        publish=publish,
+        execute_in_process=lambda pairs: executed.append(execute_batch(pairs=pairs)),
+    )
+    assert result.executed_in_process == 1
+    payment.refresh_from_db()
+    assert (payment.status, payment.attempt) == (PaymentStatus.EXECUTED, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_promoters_claim_every_due_row_exactly_once():
+    a, b = funded_account(), funded_account()
+    total = 600
+    for _ in range(total):
+        due_payment(source=a, target=b, amount=1)
+
+    def drain():
+        mine = []
+        while claim := claim_due(batch=25, lease_seconds=60):
+            mine.extend(claim.fresh)
+        return mine
+
+    claims = run_concurrently(drain, drain, drain, drain)
+    everything = [pair for c in claims for pair in c]
+    assert len(everything) == total
+    assert len({pid for pid, _ in everything}) == total
+    assert all(attempt == 1 for _, attempt in everything)
+    assert sum(1 for c in claims if c) > 1, "expected the promoters to share the work"
+    assert not ScheduledPayment.objects.filter(status=PaymentStatus.SCHEDULED).exists()
