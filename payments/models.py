@@ -184,7 +184,12 @@ class PaymentEvent(models.Model):
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["payment", "id"], name="payments_event_payment_idx")]
+        indexes = [
+            models.Index(fields=["payment", "id"], name="payments_event_payment_idx"),
+            # Recent outcomes for the dashboard; the table is append-only, so this index
+            # only ever grows at its right edge.
+            models.Index(fields=["created_at"], name="payments_event_created_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.payment_id} {self.kind}"

@@ -1,9 +1,13 @@
 """Payment reads, scoped to who may see what."""
 
-from django.db.models import Prefetch, Q, QuerySet
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection
+from django.db.models import Count, Prefetch, Q, QuerySet
 
 from .exceptions import PaymentNotFound
-from .models import ExecutionAttempt, ScheduledPayment
+from .models import ExecutionAttempt, PaymentStatus, ScheduledPayment
 
 
 def payment_visible_to(*, user) -> QuerySet[ScheduledPayment]:
@@ -27,3 +31,91 @@ def payment_get(*, user, payment_id: str) -> ScheduledPayment:
     if payment is None:
         raise PaymentNotFound()
     return payment
+
+
+# --- Operational health: shared by the admin dashboard and the metrics endpoint -------
+
+@dataclass(frozen=True)
+class ScheduleHealth:
+    oldest_due_age_seconds: float  # 0 when nothing SCHEDULED is overdue
+    overdue: int  # SCHEDULED with execute_at <= now()
+    in_flight: int  # EXECUTING with a live lease
+    leases_expired: int  # EXECUTING with an expired lease (a worker died or lost its message)
+
+
+def schedule_health() -> ScheduleHealth:
+    """The lag numbers an operator watches, from the sweep's partial indexes."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0), count(*)
+              FROM payments_scheduledpayment WHERE status = 'SCHEDULED' AND execute_at <= now()
+            """
+        )
+        age, overdue = cur.fetchone()
+        cur.execute(
+            """
+            SELECT count(*) FILTER (WHERE lease_until >= now()), count(*) FILTER (WHERE lease_until < now())
+              FROM payments_scheduledpayment WHERE status = 'EXECUTING'
+            """
+        )
+        in_flight, expired = cur.fetchone()
+    return ScheduleHealth(max(float(age), 0.0), overdue, in_flight, expired)
+
+
+def payment_counts_by_status() -> dict[str, int]:
+    """Exact counts per status (every status present, zeros included)."""
+    counts = dict.fromkeys(PaymentStatus.values, 0)
+    for row in ScheduledPayment.objects.order_by().values("status").annotate(n=Count("id")):
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def payments_due_by_minute(*, minutes: int = 60) -> list[tuple[datetime, int]]:
+    """SCHEDULED payments due in each of the next ``minutes`` minutes (zeros included)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT m.minute, count(p.id)
+              FROM generate_series(date_trunc('minute', now()),
+                                   date_trunc('minute', now()) + make_interval(mins => %s - 1),
+                                   interval '1 minute') AS m(minute)
+              LEFT JOIN payments_scheduledpayment p
+                ON p.status = 'SCHEDULED'
+               AND p.execute_at >= greatest(m.minute, now()) AND p.execute_at < m.minute + interval '1 minute'
+             GROUP BY m.minute ORDER BY m.minute
+            """,
+            [minutes],
+        )
+        return [(minute, n) for minute, n in cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class RecentOutcomes:
+    executed: int
+    failed: dict[str, int]  # failure_reason -> count
+
+    @property
+    def failed_total(self) -> int:
+        return sum(self.failed.values())
+
+
+def recent_outcomes(*, seconds: int = 3600) -> RecentOutcomes:
+    """Executions and failures (by reason) in the last ``seconds``, from the event log."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT kind, coalesce(data->>'failure_reason', ''), count(*)
+              FROM payments_paymentevent
+             WHERE created_at >= now() - make_interval(secs => %s) AND kind IN ('executed', 'failed')
+             GROUP BY 1, 2
+            """,
+            [seconds],
+        )
+        executed, failed = 0, {}
+        for kind, reason, n in cur.fetchall():
+            if kind == "executed":
+                executed += n
+            else:
+                failed[reason] = failed.get(reason, 0) + n
+    return RecentOutcomes(executed, failed)
