@@ -32,6 +32,11 @@ def redact(fields: dict) -> dict:
 def extra_fields(record: logging.LogRecord) -> dict:
     """The structured fields of a record (its ``extra``), redacted, plus the request id."""
     fields = {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS and not k.startswith("_")}
+    if record.name.startswith("celery") and isinstance(fields.get("data"), dict):
+        # Celery passes its whole context (task arguments: a batch of up to 500 pairs,
+        # exception objects) as "data"; the task's id and name are what a line needs.
+        data = fields.pop("data")
+        fields.update({"task_id": data.get("id"), "task_name": data.get("name")})
     request_id = request_id_var.get()
     if request_id and "request_id" not in fields:
         fields["request_id"] = request_id
@@ -119,6 +124,7 @@ class RequestLogMiddleware:
             response = self.get_response(request)
             response["X-Request-ID"] = request_id
             fields = {
+                "request_id": request_id,
                 "method": request.method,
                 "path": request.path,
                 "status": response.status_code,

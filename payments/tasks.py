@@ -70,7 +70,8 @@ def promoter_tick() -> dict:
 
 def log_outcomes(result: execution.BatchResult, pairs, *, worker: str, seconds: float) -> None:
     """The batch's summary line, and one line per payment outcome."""
-    attempts = dict(pairs)
+    stale = set(result.stale)
+    attempts = {payment_id: attempt for payment_id, attempt in pairs if (payment_id, attempt) not in stale}
     common = {"worker": worker}
     if outcome_logger.isEnabledFor(logging.DEBUG):
         for payment_id, lateness in zip(result.executed, result.execution_lateness, strict=False):
