@@ -49,7 +49,7 @@ run: install services metrics-dir
 
 # Flower (optional): the Celery monitoring UI on http://127.0.0.1:5555 (FLOWER_PORT).
 flower: install
-	$(BIN)/honcho start flower
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/honcho start flower
 
 test: install services lint $(BIN)/promtool
 	$(BIN)/pytest --create-db

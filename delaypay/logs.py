@@ -80,6 +80,8 @@ class TextFormatter(logging.Formatter):
 
 def logging_config(*, level: str, fmt: str) -> dict:
     """settings.LOGGING for ``fmt`` "json" or "text"."""
+    if fmt not in ("json", "text"):
+        raise ValueError(f'DELAYPAY_LOG_FORMAT must be "json" or "text", not {fmt!r}')
     return {
         "version": 1,
         "disable_existing_loggers": False,

@@ -222,9 +222,9 @@ if PROMETHEUS_MULTIPROC_DIR:
 DELAYPAY_METRICS_TOKEN = env("DELAYPAY_METRICS_TOKEN", default="")
 # Exact counts per status scan the table: computed at most this often per web process.
 DELAYPAY_METRICS_CACHE_SECONDS = env.float("DELAYPAY_METRICS_CACHE_SECONDS", default=5.0)
-# /readyz: a promoter tick older than this fails the "promoter" check; whether that check
-# makes the whole answer 503 (a web node is then taken out of its load balancer for a
-# promoter problem, so a deployment may prefer to leave this to the alert).
+# /readyz: a promoter tick older than this fails the "promoter" check. With REQUIRE off
+# the check is still reported but no longer makes /readyz 503 (every web node fails it at
+# once, so a load balancer using /readyz would drop them all for a promoter problem).
 DELAYPAY_READY_MAX_TICK_AGE_SECONDS = env.float("DELAYPAY_READY_MAX_TICK_AGE_SECONDS", default=10.0)
 DELAYPAY_READY_REQUIRE_PROMOTER = env.bool("DELAYPAY_READY_REQUIRE_PROMOTER", default=True)
 
