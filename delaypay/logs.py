@@ -37,6 +37,10 @@ def extra_fields(record: logging.LogRecord) -> dict:
         # exception objects) as "data"; the task's id and name are what a line needs.
         data = fields.pop("data")
         fields.update({"task_id": data.get("id"), "task_name": data.get("name")})
+    request = fields.get("request")
+    if hasattr(request, "method") and hasattr(request, "path"):
+        # django.request passes the request itself; its repr carries the query string.
+        fields["request"] = f"{request.method} {request.path}"
     request_id = request_id_var.get()
     if request_id and "request_id" not in fields:
         fields["request_id"] = request_id

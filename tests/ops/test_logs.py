@@ -117,6 +117,17 @@ def test_request_bodies_and_credentials_never_reach_the_logs(client, caplog):
 
 
 @pytest.mark.django_db
+def test_query_strings_stay_out_of_djangos_own_request_lines(api, caplog):
+    caplog.set_level(logging.INFO)
+    assert api.get("/api/v1/payments/pay_missing?secret_hint=abc123").status_code == 404
+    django_lines = [r for r in caplog.records if r.name == "django.request"]
+    assert django_lines
+    text = "\n".join(f.format(r) for r in caplog.records for f in (JsonFormatter(), TextFormatter()))
+    assert "abc123" not in text
+    assert json.loads(JsonFormatter().format(django_lines[0]))["request"] == "GET /api/v1/payments/pay_missing"
+
+
+@pytest.mark.django_db
 def test_ops_probes_log_at_debug_only(client, caplog):
     caplog.set_level(logging.INFO)
     client.get("/healthz")
