@@ -5,8 +5,12 @@ the worker's counts after it exits."""
 import json
 import os
 import re
+import subprocess
+import sys
+import urllib.request
 
 import pytest
+from django.conf import settings
 
 from payments import metrics, tasks
 from payments.models import PaymentStatus, ScheduledPayment
@@ -65,3 +69,24 @@ def test_a_worker_process_and_this_process_report_through_one_scrape(celery_stac
     after = scrape()
     assert delta(after, before, "delaypay_executed_total", outcome="executed", reason="") == 4
     assert batch["pid"] not in pids_with_files(directory)
+
+
+def test_serve_metrics_serves_this_hosts_process_metrics_without_web():
+    # A worker-only host: the command serves the shared directory over HTTP.
+    metrics.executed_total.labels("executed", "").inc(0)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "delaypay.settings", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve_metrics", "--address", "127.0.0.1", "--port", "0"],
+        cwd=settings.BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"(http://\S+/metrics)", line).group(1)
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read().decode()
+        assert 'delaypay_executed_total{outcome="executed",reason=""}' in body
+        assert "delaypay_due_oldest_age_seconds" not in body  # the schedule's gauges are web's
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        proc.stdout.close()
