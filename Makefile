@@ -9,8 +9,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 PORT ?= 8000
 export PATH := $(abspath $(BIN)):$(PATH)
+# Every process `make run` starts writes its metrics to this directory; web's /metrics
+# sums them (README "Metrics"). The tests use their own (pyproject.toml).
+METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test install services lint check-deploy
+.PHONY: run test install services lint check-deploy flower metrics-dir
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -32,14 +35,36 @@ services:
 	  redis-server --daemonize yes --port 6379 --save "" --appendonly no; \
 	  for i in $$(seq 1 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 1; done; }
 
-run: install services
+# A fresh start: the previous run's processes are gone, so are their metrics files.
+metrics-dir:
+	mkdir -p "$(METRICS_DIR)"
+	find "$(METRICS_DIR)" -maxdepth 1 -name '*.db' -delete
+
+run: export PROMETHEUS_MULTIPROC_DIR = $(METRICS_DIR)
+run: install services metrics-dir
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py ensure_database
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py migrate --noinput
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py demo
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/honcho start -p $(PORT) web worker promoter beat
 
-test: install services lint
+# Flower (optional): the Celery monitoring UI on http://127.0.0.1:5555 (FLOWER_PORT).
+flower: install
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/honcho start flower
+
+test: install services lint $(BIN)/promtool
 	$(BIN)/pytest --create-db
+
+# promtool validates deploy/prometheus/ in the tests. It comes from Debian's prometheus
+# package, unpacked into the venv: nothing is installed system-wide, no service starts.
+# Best effort: without it the test says so and falls back to checking the rules in Python.
+$(BIN)/promtool: | $(BIN)/python
+	@tmp=$$(mktemp -d); \
+	( cd $$tmp && { apt-get download prometheus >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get download prometheus >/dev/null 2>&1; }; } ) && \
+	dpkg-deb --fsys-tarfile $$tmp/prometheus_*.deb | tar -xO ./usr/bin/promtool > $$tmp/promtool && \
+	chmod +x $$tmp/promtool && mv $$tmp/promtool $@ || \
+	echo "promtool unavailable: tests/test_deploy.py will check the rules without it"; \
+	rm -rf $$tmp
 
 lint: install
 	$(BIN)/ruff check .

@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import task_prerun
+from celery.signals import setup_logging, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "delaypay.settings")
 
@@ -19,3 +19,14 @@ def _drop_dead_connections(**_kwargs):
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@setup_logging.connect
+def _use_django_logging(**_kwargs):
+    # Connecting this signal stops Celery from installing its own handlers: workers,
+    # the promoter and beat log through settings.LOGGING (JSON lines, or text in DEBUG).
+    from logging.config import dictConfig
+
+    from django.conf import settings
+
+    dictConfig(settings.LOGGING)

@@ -3,9 +3,12 @@
 Every variable read here is listed in README.md ("Configuration").
 """
 
+import os
 from pathlib import Path
 
 import environ
+
+from delaypay.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -37,6 +40,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "delaypay.logs.RequestLogMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -45,6 +50,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "delaypay.urls"
@@ -201,19 +207,30 @@ DELAYPAY_MAX_AMOUNT = env.int("DELAYPAY_MAX_AMOUNT", default=10**12)
 DELAYPAY_MAX_SCHEDULE_DAYS = env.int("DELAYPAY_MAX_SCHEDULE_DAYS", default=365)
 DELAYPAY_TRANSIENT_RETRIES = env.int("DELAYPAY_TRANSIENT_RETRIES", default=5)
 
+# --- Operations: metrics, readiness, logs (README "Operations") --------------------
+
+# Multiprocess mode for prometheus_client: every process of a host writes its metrics to
+# files here and /metrics on that host sums them. prometheus_client reads the variable
+# when it is first imported, which is after settings; a relative path is made absolute
+# (against the project) and written back so child processes agree on it.
+PROMETHEUS_MULTIPROC_DIR = env("PROMETHEUS_MULTIPROC_DIR", default="")
+if PROMETHEUS_MULTIPROC_DIR:
+    PROMETHEUS_MULTIPROC_DIR = str((BASE_DIR / PROMETHEUS_MULTIPROC_DIR).resolve())
+    Path(PROMETHEUS_MULTIPROC_DIR).mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = PROMETHEUS_MULTIPROC_DIR
+# When set, GET /metrics requires "Authorization: Bearer <token>".
+DELAYPAY_METRICS_TOKEN = env("DELAYPAY_METRICS_TOKEN", default="")
+# Exact counts per status scan the table: computed at most this often per web process.
+DELAYPAY_METRICS_CACHE_SECONDS = env.float("DELAYPAY_METRICS_CACHE_SECONDS", default=5.0)
+# /readyz: a promoter tick older than this fails the "promoter" check. With REQUIRE off
+# the check is still reported but no longer makes /readyz 503 (every web node fails it at
+# once, so a load balancer using /readyz would drop them all for a promoter problem).
+DELAYPAY_READY_MAX_TICK_AGE_SECONDS = env.float("DELAYPAY_READY_MAX_TICK_AGE_SECONDS", default=10.0)
+DELAYPAY_READY_REQUIRE_PROMOTER = env.bool("DELAYPAY_READY_REQUIRE_PROMOTER", default=True)
+
 # --- Logging: never log secrets or request bodies -------------------------------------
 
 LOG_LEVEL = env("DELAYPAY_LOG_LEVEL", default="INFO")
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(processName)s %(message)s"},
-    },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {
-        "django.db.backends": {"level": "INFO"},
-        "celery": {"level": LOG_LEVEL},
-    },
-}
+# "json" (one object per line) unless DEBUG, where "text" is easier to read.
+LOG_FORMAT = env("DELAYPAY_LOG_FORMAT", default="text" if DEBUG else "json")
+LOGGING = logging_config(level=LOG_LEVEL, fmt=LOG_FORMAT)

@@ -1,7 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from delaypay import views
+
 urlpatterns = [
+    path("healthz", views.healthz, name="healthz"),
+    path("readyz", views.readyz, name="readyz"),
+    path("metrics", views.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("payments.api.urls")),
 ]

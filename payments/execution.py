@@ -41,12 +41,14 @@ class BatchResult:
     already_applied: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # payment id -> failure_reason
     stale: list[Pair] = field(default_factory=list)
+    execution_lateness: list[float] = field(default_factory=list)  # executed_at - execute_at, newly executed
 
     def merge(self, other: "BatchResult") -> None:
         self.executed += other.executed
         self.already_applied += other.already_applied
         self.failed.update(other.failed)
         self.stale += other.stale
+        self.execution_lateness += other.execution_lateness
 
 
 LOCK_SQL = """
@@ -144,6 +146,7 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
             if post.outcome == Outcome.APPLIED:
                 finish(row, PaymentStatus.EXECUTED, "", post.posted_at, ExecutionAttempt.Outcome.EXECUTED)
                 result.executed.append(row[0])
+                result.execution_lateness.append((post.posted_at - row[5]).total_seconds())
             elif post.outcome == Outcome.ALREADY_APPLIED:
                 finish(row, PaymentStatus.EXECUTED, "", post.posted_at, ExecutionAttempt.Outcome.ALREADY_APPLIED)
                 result.already_applied.append(row[0])

@@ -217,3 +217,22 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_id}:{self.key}"
+
+
+class Heartbeat(models.Model):
+    """The last time a periodic job ran and what it reported, shared by every host.
+
+    ``promoter`` is written by every promoter tick (readiness and the stalled-promoter
+    alert read it); ``reconcile`` by the reconcile command (``value`` = violations found).
+    Times come from the database clock, so hosts' clocks never disagree about an age.
+    """
+
+    PROMOTER = "promoter"
+    RECONCILE = "reconcile"
+
+    name = models.CharField(primary_key=True, max_length=40)
+    beat_at = models.DateTimeField(db_default=Now())
+    value = models.BigIntegerField(default=0, db_default=0)
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.beat_at}"

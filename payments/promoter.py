@@ -60,7 +60,8 @@ WITH fresh AS (
            previous_status, 'EXECUTING', attempt, %(actor)s, '{}'::jsonb, now()
       FROM claimed
 )
-SELECT id, attempt, previous_status FROM claimed ORDER BY execute_at, id
+SELECT id, attempt, previous_status, extract(epoch FROM now() - execute_at)::float8 AS lateness
+  FROM claimed ORDER BY execute_at, id
 """
 
 IN_FLIGHT_SQL = "SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTING'"
@@ -70,6 +71,7 @@ IN_FLIGHT_SQL = "SELECT count(*) FROM payments_scheduledpayment WHERE status = '
 class Claim:
     fresh: list[Pair] = field(default_factory=list)  # were SCHEDULED
     reclaimed: list[Pair] = field(default_factory=list)  # lease had expired
+    dispatch_lateness: list[float] = field(default_factory=list)  # seconds, of the fresh ones
 
     def __len__(self) -> int:
         return len(self.fresh) + len(self.reclaimed)
@@ -84,6 +86,8 @@ class TickResult:
     in_flight: int = 0
     capped: bool = False
     seconds: float = 0.0
+    dispatch_lateness: list[float] = field(default_factory=list)  # claimed_at - execute_at, fresh claims
+    reclaimed_pairs: list[Pair] = field(default_factory=list)
 
 
 def claim_due(*, batch: int, lease_seconds: float, actor: str = "promoter") -> Claim:
@@ -99,8 +103,12 @@ def claim_due(*, batch: int, lease_seconds: float, actor: str = "promoter") -> C
                 "actor": actor,
             },
         )
-        for payment_id, attempt, previous in cur.fetchall():
-            (claim.fresh if previous == "SCHEDULED" else claim.reclaimed).append((payment_id, attempt))
+        for payment_id, attempt, previous, lateness in cur.fetchall():
+            if previous == "SCHEDULED":
+                claim.fresh.append((payment_id, attempt))
+                claim.dispatch_lateness.append(lateness)
+            else:
+                claim.reclaimed.append((payment_id, attempt))
     return claim
 
 
@@ -155,6 +163,8 @@ def promoter_tick(
             break
         result.claimed += len(claim)
         result.reclaimed += len(claim.reclaimed)
+        result.reclaimed_pairs += claim.reclaimed
+        result.dispatch_lateness += claim.dispatch_lateness
         in_flight += len(claim)
         messages = messages_for(claim)
         try:

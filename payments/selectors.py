@@ -4,10 +4,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Prefetch, Q, QuerySet
+from django.db.models.functions import Now
 
 from .exceptions import PaymentNotFound
-from .models import ExecutionAttempt, PaymentStatus, ScheduledPayment
+from .models import ExecutionAttempt, Heartbeat, PaymentStatus, ScheduledPayment
 
 
 def payment_visible_to(*, user) -> QuerySet[ScheduledPayment]:
@@ -119,3 +120,19 @@ def recent_outcomes(*, seconds: int = 3600) -> RecentOutcomes:
             else:
                 failed[reason] = failed.get(reason, 0) + n
     return RecentOutcomes(executed, failed)
+
+
+@dataclass(frozen=True)
+class HeartbeatReading:
+    beat_at: datetime
+    age_seconds: float  # on the database clock
+    value: int
+
+
+def heartbeat_readings() -> dict[str, HeartbeatReading]:
+    """The last beat of every periodic job that has run (promoter ticks, reconcile)."""
+    rows = Heartbeat.objects.annotate(age=ExpressionWrapper(Now() - F("beat_at"), output_field=DurationField()))
+    return {
+        hb.name: HeartbeatReading(hb.beat_at, max(hb.age.total_seconds(), 0.0), hb.value)
+        for hb in rows
+    }

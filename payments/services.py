@@ -11,7 +11,7 @@ from django.db.models.functions import Now
 from ledger.models import Account
 
 from .exceptions import PaymentNotCancellable, PaymentNotFound, PaymentValidationError
-from .models import PaymentEvent, PaymentStatus, ScheduledPayment
+from .models import Heartbeat, PaymentEvent, PaymentStatus, ScheduledPayment
 
 
 def actor_label(user) -> str:
@@ -123,3 +123,14 @@ def payment_cancel(*, payment_id: str, actor) -> ScheduledPayment:
     if payment.status != PaymentStatus.CANCELLED:
         raise PaymentNotCancellable(payment.status)
     return payment
+
+
+def heartbeat_record(*, name: str, value: int = 0) -> None:
+    """Record that ``name`` ran just now (database clock), with what it reported."""
+    # beat_at is left to its database default, now(), in the insert and the update alike.
+    Heartbeat.objects.bulk_create(
+        [Heartbeat(name=name, value=value)],
+        update_conflicts=True,
+        unique_fields=["name"],
+        update_fields=["beat_at", "value"],
+    )

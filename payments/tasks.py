@@ -6,14 +6,20 @@ schedule. The only countdowns here are a few seconds of retry backoff.
 
 import logging
 import random
+import time
 
 from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 
-from . import execution, promoter
+from . import execution, metrics, promoter, services
+from .models import Heartbeat
 
 logger = logging.getLogger(__name__)
+# One line per payment outcome (payment_id, attempt, worker, outcome, timings): failures,
+# stale attempts and re-claims at INFO; every successful execution at DEBUG (thousands a
+# second at full speed; the attempt rows in the database keep the same record).
+outcome_logger = logging.getLogger("payments.outcomes")
 
 TRANSIENT_ERRORS = (OperationalError, InterfaceError)
 
@@ -31,20 +37,82 @@ def publish_messages(messages) -> None:
 
 
 def _execute_in_process(pairs) -> None:
-    apply_with_isolation([tuple(p) for p in pairs], worker=f"promoter:{execution.worker_name()}")
+    run_batch([tuple(p) for p in pairs], worker=f"promoter:{execution.worker_name()}")
 
 
 @shared_task(name="payments.tasks.promoter_tick", ignore_result=True, acks_late=False)
 def promoter_tick() -> dict:
     """Claim due payments and publish them (beat sends this every second)."""
     result = promoter.promoter_tick(publish=publish_messages, execute_in_process=_execute_in_process)
+    services.heartbeat_record(name=Heartbeat.PROMOTER)
+    metrics.record_tick(result)
+    for payment_id, attempt in result.reclaimed_pairs:
+        outcome_logger.info(
+            "payment reclaimed after its lease expired",
+            extra={"payment_id": payment_id, "attempt": attempt, "outcome": "reclaimed"},
+        )
     if result.claimed:
         logger.info(
-            "promoter tick claimed=%d reclaimed=%d messages=%d in_process=%d in_flight=%d capped=%s %.3fs",
-            result.claimed, result.reclaimed, result.messages, result.executed_in_process,
-            result.in_flight, result.capped, result.seconds,
+            "promoter tick",
+            extra={
+                "claimed": result.claimed,
+                "reclaimed": result.reclaimed,
+                "messages": result.messages,
+                "executed_in_process": result.executed_in_process,
+                "in_flight": result.in_flight,
+                "capped": result.capped,
+                "tick_ms": round(result.seconds * 1000, 1),
+                "max_dispatch_lateness_s": round(max(result.dispatch_lateness, default=0.0), 3),
+            },
         )
     return {"claimed": result.claimed, "reclaimed": result.reclaimed}
+
+
+def log_outcomes(result: execution.BatchResult, pairs, *, worker: str, seconds: float) -> None:
+    """The batch's summary line, and one line per payment outcome."""
+    stale = set(result.stale)
+    attempts = {payment_id: attempt for payment_id, attempt in pairs if (payment_id, attempt) not in stale}
+    common = {"worker": worker}
+    if outcome_logger.isEnabledFor(logging.DEBUG):
+        for payment_id, lateness in zip(result.executed, result.execution_lateness, strict=False):
+            outcome_logger.debug("payment executed", extra={
+                **common, "payment_id": payment_id, "attempt": attempts.get(payment_id), "outcome": "executed",
+                "execution_lateness_s": round(lateness, 3),
+            })
+        for payment_id in result.already_applied:
+            outcome_logger.debug("payment already applied", extra={
+                **common, "payment_id": payment_id, "attempt": attempts.get(payment_id), "outcome": "already_applied",
+            })
+    for payment_id, reason in result.failed.items():
+        outcome_logger.info("payment failed", extra={
+            **common, "payment_id": payment_id, "attempt": attempts.get(payment_id), "outcome": "failed",
+            "failure_reason": reason,
+        })
+    for payment_id, attempt in result.stale:
+        outcome_logger.info("stale attempt changed nothing", extra={
+            **common, "payment_id": payment_id, "attempt": attempt, "outcome": "stale",
+        })
+    logger.info("batch applied", extra={
+        **common,
+        "payments": len(pairs),
+        "executed": len(result.executed),
+        "already_applied": len(result.already_applied),
+        "failed": len(result.failed),
+        "stale": len(result.stale),
+        "apply_ms": round(seconds * 1000, 1),
+        "max_execution_lateness_s": round(max(result.execution_lateness, default=0.0), 3),
+    })
+
+
+def run_batch(pairs, *, worker: str | None = None) -> execution.BatchResult:
+    """apply_with_isolation, timed, counted and logged (the one place a batch is recorded)."""
+    worker = worker or execution.worker_name()
+    started = time.perf_counter()
+    result = apply_with_isolation(pairs, worker=worker)
+    seconds = time.perf_counter() - started
+    metrics.record_batch(result, seconds=seconds)
+    log_outcomes(result, pairs, worker=worker, seconds=seconds)
+    return result
 
 
 def apply_with_isolation(pairs, *, worker: str | None = None) -> execution.BatchResult:
@@ -57,9 +125,12 @@ def apply_with_isolation(pairs, *, worker: str | None = None) -> execution.Batch
         raise
     except Exception as exc:
         if len(pairs) == 1:
-            logger.exception("payment %s attempt %s failed unexpectedly", pairs[0][0], pairs[0][1])
+            metrics.record_error()
+            outcome_logger.exception("payment failed unexpectedly", extra={
+                "payment_id": pairs[0][0], "attempt": pairs[0][1], "worker": worker, "outcome": "error",
+            })
             return execution.record_error(pair=pairs[0], error=f"{type(exc).__name__}: {exc}", worker=worker)
-        logger.warning("batch of %d failed (%s); bisecting", len(pairs), type(exc).__name__)
+        logger.warning("batch failed; bisecting", extra={"payments": len(pairs), "error": type(exc).__name__})
     middle = len(pairs) // 2
     result = apply_with_isolation(pairs[:middle], worker=worker)
     result.merge(apply_with_isolation(pairs[middle:], worker=worker))
@@ -76,12 +147,16 @@ def apply_with_isolation(pairs, *, worker: str | None = None) -> execution.Batch
 def execute_batch(self, pairs: list[list]) -> dict:
     """Execute a claimed batch ``[[payment_id, attempt], ...]`` exactly once in effect."""
     try:
-        result = apply_with_isolation([(str(p[0]), int(p[1])) for p in pairs])
+        result = run_batch([(str(p[0]), int(p[1])) for p in pairs])
     except TRANSIENT_ERRORS as exc:
         close_old_connections()
+        metrics.record_transient_error()
         if self.request.retries >= settings.DELAYPAY_TRANSIENT_RETRIES:
             # Give up on this message; the leases expire and the claim takes them again.
-            logger.error("batch of %d gave up after %d transient errors: %s", len(pairs), self.request.retries, exc)
+            logger.error("batch gave up after transient errors", extra={
+                "payments": len(pairs), "retries": self.request.retries, "error": type(exc).__name__,
+                "error_detail": str(exc)[:500],
+            })
             return {"gave_up": len(pairs)}
         raise self.retry(exc=exc, countdown=backoff_with_jitter(self.request.retries)) from exc
     return {

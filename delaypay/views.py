@@ -1,0 +1,66 @@
+"""Operational endpoints: liveness, readiness and Prometheus metrics.
+
+Outside the API (no DRF authentication, no throttling): probes and scrapers call them
+every few seconds. They are exempt from the HTTPS redirect (SECURE_REDIRECT_EXEMPT).
+"""
+
+import functools
+import hmac
+
+from django.conf import settings
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.cache import never_cache
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from delaypay import health, prometheus
+from payments.api.errors import error_body
+from payments.metrics import ScheduleCollector
+
+
+def read_only(view):
+    """GET and HEAD only; anything else is a JSON 405."""
+
+    @functools.wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if request.method not in ("GET", "HEAD"):
+            response = JsonResponse(error_body("method_not_allowed", f'Method "{request.method}" not allowed.'),
+                                    status=405)
+            response["Allow"] = "GET, HEAD"
+            return response
+        return view(request, *args, **kwargs)
+
+    return never_cache(wrapper)
+
+
+@read_only
+def healthz(request):
+    """Liveness: the process answers. Touches nothing else, so a database or Redis outage
+    never gets healthy processes restarted."""
+    return JsonResponse({"status": "ok"})
+
+
+@read_only
+def readyz(request):
+    """Readiness: 200 when PostgreSQL and Redis answer, migrations are applied and the
+    promoter ticked recently; 503 otherwise. The body says which check failed."""
+    ready, checks = health.readiness()
+    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+
+
+def _authorized(request) -> bool:
+    token = settings.DELAYPAY_METRICS_TOKEN
+    if not token:
+        return True
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@read_only
+def metrics(request):
+    """Prometheus text exposition: every process of this host plus the schedule's state."""
+    if not _authorized(request):
+        response = JsonResponse(error_body("not_authenticated", "A valid bearer token is required."), status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    collector = ScheduleCollector(counts_max_age=settings.DELAYPAY_METRICS_CACHE_SECONDS)
+    return HttpResponse(prometheus.render([collector]), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,230 @@
+"""delaypay's Prometheus metrics.
+
+Two kinds, both served by ``GET /metrics`` (delaypay/views.py):
+
+* Events counted where they happen, in whichever process: claims and promoter ticks
+  (``record_tick``), batch outcomes and latenesses (``record_batch``). They cost a few
+  increments per tick or per batch, never a query: the latenesses come with the rows
+  the claim returned and the batch locked. In multiprocess mode they are summed over
+  every process of the host (delaypay/prometheus.py).
+* State read at scrape time (``ScheduleCollector``): the schedule's lag from the
+  operational selectors, counts per status (cached), heartbeats of the promoter and of
+  reconcile (a table, so any host sees them), and the Celery queues in Redis.
+
+Names and meanings are listed in README "Operations".
+"""
+
+import bisect
+import logging
+import time
+from collections.abc import Iterable
+
+from django.db import DatabaseError
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from delaypay import broker
+
+from . import selectors, services
+from .execution import BatchResult
+from .models import Heartbeat
+from .promoter import TickResult
+
+logger = logging.getLogger(__name__)
+
+# Lateness is judged against an SLO of 2 s at normal load and 60 s under a 100x spike.
+LATENESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+
+claimed_total = Counter(
+    "delaypay_claimed", "Payments claimed by the promoter, fresh and re-claimed (SCHEDULED or expired -> EXECUTING)."
+)
+reclaimed_total = Counter("delaypay_reclaimed", "Payments claimed again because their lease had expired.")
+executed_total = Counter(
+    "delaypay_executed",
+    "Outcomes of payments handed to an executor: executed, failed (by reason), already_applied "
+    "(a retry found the transfer), stale (superseded attempt, changed nothing), error (unexpected; retried).",
+    ["outcome", "reason"],
+)
+transient_errors_total = Counter(
+    "delaypay_batch_transient_errors", "Batches rolled back by a transient database error (then retried)."
+)
+dispatch_lateness_seconds = Histogram(
+    "delaypay_dispatch_lateness_seconds",
+    "claimed_at - execute_at of each payment's first claim.",
+    buckets=LATENESS_BUCKETS,
+)
+execution_lateness_seconds = Histogram(
+    "delaypay_execution_lateness_seconds",
+    "executed_at - execute_at of each payment that moved money.",
+    buckets=LATENESS_BUCKETS,
+)
+batch_apply_seconds = Histogram(
+    "delaypay_batch_apply_seconds",
+    "Time to apply one execute message (a batch), bisection included.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+promoter_tick_seconds = Histogram(
+    "delaypay_promoter_tick_seconds",
+    "Time one promoter tick spent claiming and publishing.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1, 2, 5),
+)
+
+
+def observe_many(histogram: Histogram, values: list[float]) -> None:
+    """``histogram.observe`` for many values at once: one increment per bucket touched
+    instead of one per value (a batch carries hundreds of latenesses; in multiprocess
+    mode each increment is a locked write to an mmap)."""
+    if not values:
+        return
+    buckets = getattr(histogram, "_buckets", None)
+    bounds = getattr(histogram, "_upper_bounds", None)
+    if buckets is None or bounds is None:  # prometheus_client changed its insides
+        for value in values:
+            histogram.observe(value)
+        return
+    counts = [0] * len(bounds)
+    for value in values:
+        counts[bisect.bisect_left(bounds, value)] += 1  # first bound >= value, as observe()
+    for i, n in enumerate(counts):
+        if n:
+            buckets[i].inc(n)
+    histogram._sum.inc(sum(values))
+
+
+def record_tick(result: TickResult) -> None:
+    """Count one promoter tick (the caller records its heartbeat)."""
+    claimed_total.inc(result.claimed)
+    reclaimed_total.inc(result.reclaimed)
+    promoter_tick_seconds.observe(result.seconds)
+    observe_many(dispatch_lateness_seconds, result.dispatch_lateness)
+
+
+def record_batch(result: BatchResult, *, seconds: float) -> None:
+    """Count the outcomes of one applied batch."""
+    for outcome, n in (
+        ("executed", len(result.executed)),
+        ("already_applied", len(result.already_applied)),
+        ("stale", len(result.stale)),
+    ):
+        if n:
+            executed_total.labels(outcome, "").inc(n)
+    failed: dict[str, int] = {}
+    for reason in result.failed.values():
+        failed[reason] = failed.get(reason, 0) + 1
+    for reason, n in failed.items():
+        executed_total.labels("failed", reason).inc(n)
+    observe_many(execution_lateness_seconds, result.execution_lateness)
+    batch_apply_seconds.observe(seconds)
+
+
+def record_error() -> None:
+    """One payment's apply raised unexpectedly (it stays claimable, or ends FAILED)."""
+    executed_total.labels("error", "").inc()
+
+
+def record_transient_error() -> None:
+    transient_errors_total.inc()
+
+
+def record_reconcile_result(*, violations: int) -> None:
+    """The hook for ``reconcile``: call it after every run with the number of invariant
+    violations found (0 when the ledger and the payments agree). It becomes
+    ``delaypay_reconcile_violations`` and ``delaypay_reconcile_last_run_timestamp``."""
+    services.heartbeat_record(name=Heartbeat.RECONCILE, value=violations)
+
+
+# --- Scrape time -----------------------------------------------------------------------
+
+_counts_cache: tuple[float, dict[str, int]] | None = None
+
+
+def payment_counts_cached(max_age: float) -> dict[str, int]:
+    """payment_counts_by_status, recomputed at most every ``max_age`` seconds (it scans)."""
+    global _counts_cache
+    now = time.monotonic()
+    if _counts_cache is None or now - _counts_cache[0] >= max_age:
+        _counts_cache = (now, selectors.payment_counts_by_status())
+    return _counts_cache[1]
+
+
+class ScheduleCollector(Collector):
+    """Gauges read from PostgreSQL and Redis when /metrics is scraped. A source that is
+    down leaves its gauges out and sets ``delaypay_metrics_source_up{source}`` to 0."""
+
+    def __init__(self, *, counts_max_age: float):
+        self.counts_max_age = counts_max_age
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        up = GaugeMetricFamily(
+            "delaypay_metrics_source_up", "1 when the source answered this scrape.", labels=["source"]
+        )
+        try:
+            yield from self._database()
+            up.add_metric(["database"], 1)
+        except DatabaseError as exc:
+            logger.warning("metrics: database unavailable", extra={"error": type(exc).__name__})
+            up.add_metric(["database"], 0)
+        try:
+            yield from self._redis()
+            up.add_metric(["redis"], 1)
+        except Exception as exc:  # redis-py raises several families; the scrape goes on
+            logger.warning("metrics: redis unavailable", extra={"error": type(exc).__name__})
+            up.add_metric(["redis"], 0)
+        yield up
+
+    def _database(self) -> list[GaugeMetricFamily]:
+        # Everything is read first so a failure yields nothing half-done.
+        health = selectors.schedule_health()
+        counts = payment_counts_cached(self.counts_max_age)
+        beats = selectors.heartbeat_readings()
+        families = [
+            GaugeMetricFamily(
+                "delaypay_due_oldest_age_seconds",
+                "Age of the oldest SCHEDULED payment whose execute_at has passed (0 when none).",
+                value=health.oldest_due_age_seconds,
+            ),
+            GaugeMetricFamily("delaypay_overdue", "SCHEDULED payments whose execute_at has passed.",
+                              value=health.overdue),
+            GaugeMetricFamily("delaypay_in_flight", "EXECUTING payments with a live lease.", value=health.in_flight),
+            GaugeMetricFamily("delaypay_leases_expired", "EXECUTING payments whose lease has expired.",
+                              value=health.leases_expired),
+        ]
+        by_status = GaugeMetricFamily(
+            "delaypay_payments", "Payments by status (cached for a few seconds).", labels=["status"]
+        )
+        for status, n in sorted(counts.items()):
+            by_status.add_metric([status], n)
+        families.append(by_status)
+        tick = beats.get(Heartbeat.PROMOTER)
+        if tick is not None:
+            families += [
+                GaugeMetricFamily("delaypay_promoter_last_tick_timestamp",
+                                  "Unix time of the last promoter tick (any promoter, any host).",
+                                  value=tick.beat_at.timestamp()),
+                GaugeMetricFamily("delaypay_promoter_last_tick_age_seconds",
+                                  "Seconds since the last promoter tick, on the database clock.",
+                                  value=tick.age_seconds),
+            ]
+        reconcile = beats.get(Heartbeat.RECONCILE)
+        if reconcile is not None:
+            families += [
+                GaugeMetricFamily("delaypay_reconcile_violations",
+                                  "Invariant violations found by the last reconcile run (0 = consistent).",
+                                  value=reconcile.value),
+                GaugeMetricFamily("delaypay_reconcile_last_run_timestamp",
+                                  "Unix time of the last reconcile run.", value=reconcile.beat_at.timestamp()),
+            ]
+        return families
+
+    def _redis(self) -> list[GaugeMetricFamily]:
+        lengths = broker.queue_lengths()
+        unacked = broker.unacked_count()
+        queue = GaugeMetricFamily("delaypay_queue_length", "Messages waiting in a Celery queue.", labels=["queue"])
+        for name, n in lengths.items():
+            queue.add_metric([name], n)
+        return [
+            queue,
+            GaugeMetricFamily("delaypay_queue_unacked",
+                              "Messages delivered to workers and not yet acknowledged (all queues).", value=unacked),
+        ]

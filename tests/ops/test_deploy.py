@@ -1,0 +1,124 @@
+"""deploy/: the Prometheus alerting rules and the Grafana dashboard match what /metrics exports."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from django.conf import settings
+
+from payments import metrics
+from payments.models import Heartbeat
+from payments.services import heartbeat_record
+
+from .scrape import scrape
+
+DEPLOY = Path(settings.BASE_DIR) / "deploy"
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+ALERT_TESTS = DEPLOY / "prometheus" / "alerts_test.yml"
+DASHBOARD = DEPLOY / "grafana" / "delaypay.json"
+
+METRIC_RE = re.compile(r"\b((?:delaypay|django_http)_[a-z0-9_]+)\b")
+SELECTOR_RE = re.compile(r"\b((?:delaypay|django_http)_[a-z0-9_]+)\{([^}]*)\}")
+MATCHER_RE = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
+BY_RE = re.compile(r"\bby\s*\(([^)]*)\)")
+
+
+def promtool() -> str | None:
+    return shutil.which("promtool") or next(
+        (str(p) for p in [Path(sys.executable).parent / "promtool"] if p.exists()), None
+    )
+
+
+def run_promtool(*args) -> subprocess.CompletedProcess:
+    tool = promtool()
+    if tool is None:
+        pytest.skip("promtool is not installed (make test fetches it from Debian's prometheus package); "
+                    "test_alert_rules_reference_exported_metrics still checks the rules")
+    return subprocess.run([tool, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_alert_rules_pass_promtool_check():
+    result = run_promtool("check", "rules", str(ALERTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 8 rules found" in result.stdout
+
+
+def test_example_prometheus_config_passes_promtool_check():
+    result = run_promtool("check", "config", str(DEPLOY / "prometheus" / "prometheus.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alerts_fire_as_their_unit_tests_expect():
+    result = run_promtool("test", "rules", str(ALERT_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture
+def exported(db) -> dict[str, set[str]]:
+    """Every series name /metrics exports, with its label names, once everything has
+    happened at least once."""
+    heartbeat_record(name=Heartbeat.PROMOTER)
+    metrics.record_reconcile_result(violations=0)
+    for outcome in ("executed", "already_applied", "stale", "error"):
+        metrics.executed_total.labels(outcome, "").inc(0)
+    metrics.executed_total.labels("failed", "insufficient_funds").inc(0)
+    scrape()  # the first request creates the per-view request metrics
+    names: dict[str, set[str]] = {}
+    for key in scrape():
+        name, _, labels = key.partition("{")
+        names.setdefault(name, set()).update(re.findall(r'(\w+)="', labels))
+    return names
+
+
+def check_expressions(expressions: list[str], exported: dict[str, set[str]]) -> None:
+    assert expressions
+    for expr in expressions:
+        used = set(METRIC_RE.findall(expr))
+        assert used, f"no delaypay or django metric in {expr!r}"
+        missing = used - set(exported)
+        assert not missing, f"{expr!r} uses {missing}, which /metrics does not export"
+        for metric, matchers in SELECTOR_RE.findall(expr):
+            for label in MATCHER_RE.findall(matchers):
+                assert label in exported[metric], f"{metric} has no label {label!r} ({expr!r})"
+        labels_of_used = set().union(*(exported[m] for m in used))
+        for group in BY_RE.findall(expr):
+            for label in (part.strip() for part in group.split(",") if part.strip()):
+                assert label in labels_of_used, f"by ({label}) matches no label of {used} ({expr!r})"
+
+
+def test_alert_rules_reference_exported_metrics(exported):
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    for rule in rules:
+        assert rule["alert"].startswith("Delaypay")
+        assert rule["labels"]["severity"] in {"warning", "critical"}
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+    check_expressions([rule["expr"] for rule in rules], exported)
+    wanted = {"DelaypayDuePaymentsLate", "DelaypayPromoterNotTicking", "DelaypayLeasesExpiring",
+              "DelaypayFailureRateSpike", "DelaypayReconcileViolation"}
+    assert wanted <= {rule["alert"] for rule in rules}
+
+
+def test_every_alert_has_a_unit_test():
+    rules = {rule["alert"] for rule in yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]}
+    tests = yaml.safe_load(ALERT_TESTS.read_text())["tests"]
+    tested = {case["alertname"] for test in tests for case in test["alert_rule_test"] if case["exp_alerts"]}
+    assert tested == rules
+
+
+def test_dashboard_queries_reference_exported_metrics(exported):
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    expressions = [t["expr"] for p in panels for t in p["targets"]]
+    check_expressions(expressions, exported)
+    # The signals an operator opens it for are all on it.
+    for signal in ("delaypay_due_oldest_age_seconds", "delaypay_dispatch_lateness_seconds_bucket",
+                   "delaypay_execution_lateness_seconds_bucket", "delaypay_executed_total",
+                   "delaypay_promoter_last_tick_age_seconds", "delaypay_queue_length", "delaypay_leases_expired",
+                   "delaypay_reconcile_violations"):
+        assert any(signal in e for e in expressions), signal
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
