@@ -1,7 +1,10 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from payments.dashboard import dashboard_view
+
 urlpatterns = [
+    path("admin/dashboard/", admin.site.admin_view(dashboard_view), name="admin-dashboard"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("payments.api.urls")),
 ]

@@ -4,7 +4,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, DateTimeField, Prefetch, Q, QuerySet
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Now
+
+from ledger.models import Account
 
 from .exceptions import PaymentNotFound
 from .models import ExecutionAttempt, PaymentStatus, ScheduledPayment
@@ -119,3 +123,37 @@ def recent_outcomes(*, seconds: int = 3600) -> RecentOutcomes:
             else:
                 failed[reason] = failed.get(reason, 0) + n
     return RecentOutcomes(executed, failed)
+
+
+# --- Admin filters and search (the database clock decides what is due) -----------------
+
+def payment_overdue_condition() -> Q:
+    """SCHEDULED payments past due, and EXECUTING payments whose lease expired: the rows
+    behind schedule_health's ``overdue`` and ``leases_expired``."""
+    return Q(status=PaymentStatus.SCHEDULED, execute_at__lte=Now()) | Q(
+        status=PaymentStatus.EXECUTING, lease_until__lt=Now()
+    )
+
+
+def payment_due_today_condition() -> Q:
+    """Due on the current UTC calendar day, whatever the status."""
+    start = RawSQL("date_trunc('day', now())", [], output_field=DateTimeField())
+    end = RawSQL("date_trunc('day', now()) + interval '1 day'", [], output_field=DateTimeField())
+    return Q(execute_at__gte=start, execute_at__lt=end)
+
+
+def payment_due_next_hour_condition() -> Q:
+    """Due within the coming hour (not yet due), whatever the status."""
+    end = RawSQL("now() + interval '1 hour'", [], output_field=DateTimeField())
+    return Q(execute_at__gt=Now(), execute_at__lte=end)
+
+
+def payment_search_condition(*, terms: list[str]) -> Q:
+    """What staff search terms match (any of them): a payment id, an account id (either
+    side), or the username owning either account. Account ids are resolved first, in one
+    query, so the payment scan uses the account indexes instead of joining users."""
+    terms = [t for t in terms if t]
+    account_ids = list(
+        Account.objects.filter(Q(pk__in=terms) | Q(owner__username__in=terms)).values_list("id", flat=True)
+    )
+    return Q(pk__in=terms) | Q(from_account_id__in=account_ids) | Q(to_account_id__in=account_ids)
