@@ -109,7 +109,8 @@ class FailureReasonFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value() in FailureReason.values:
-            return queryset.filter(failure_reason=self.value())
+            # Only FAILED rows carry a reason; saying so lets payments_failed_idx serve it.
+            return queryset.filter(status=PaymentStatus.FAILED, failure_reason=self.value())
         return queryset
 
 

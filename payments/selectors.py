@@ -129,10 +129,16 @@ def recent_outcomes(*, seconds: int = 3600) -> RecentOutcomes:
 
 def payment_overdue_condition() -> Q:
     """SCHEDULED payments past due, and EXECUTING payments whose lease expired: the rows
-    behind schedule_health's ``overdue`` and ``leases_expired``."""
-    return Q(status=PaymentStatus.SCHEDULED, execute_at__lte=Now()) | Q(
-        status=PaymentStatus.EXECUTING, lease_until__lt=Now()
-    )
+    behind schedule_health's ``overdue`` and ``leases_expired``.
+
+    Written as ``id IN (a UNION ALL b)`` so each arm is served by its partial index
+    (payments_due_idx, payments_lease_idx); the plain OR makes the planner walk the
+    whole table in execute_at order looking for the few overdue rows.
+    """
+    rows = ScheduledPayment.objects.order_by().values("pk")
+    due = rows.filter(status=PaymentStatus.SCHEDULED, execute_at__lte=Now())
+    stuck = rows.filter(status=PaymentStatus.EXECUTING, lease_until__lt=Now())
+    return Q(pk__in=due.union(stuck, all=True))
 
 
 def payment_due_today_condition() -> Q:
