@@ -10,7 +10,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from delaypay.admin_tools import LargeTableAdminMixin, ReadOnlyAdminMixin, badge, report
+from delaypay.admin_tools import LargeTableAdminMixin, ReadOnlyAdminMixin, badge, report, utc_text
 
 from .forms import DepositForm
 from .models import ISSUANCE_ACCOUNT_ID, Account, Transfer
@@ -33,6 +33,10 @@ def account_url(account_id: str) -> str:
 
 def account_transfers_url(account_id: str) -> str:
     return reverse("admin:ledger_transfer_changelist") + f"?account={quote(account_id)}"
+
+
+def account_id_link(account_id: str):
+    return format_html('<a class="dp-mono" href="{}">{}</a>', account_url(account_id), account_id)
 
 
 def custom_permission(model_admin, action: str):
@@ -206,7 +210,7 @@ class TransferAccountFilter(admin.SimpleListFilter):
 
 @admin.register(Transfer)
 class TransferAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ("id", "key", "debit_col", "credit_col", "amount", "created_at")
+    list_display = ("id", "key", "debit_col", "credit_col", "amount", "created_at_col")
     list_filter = (TransferAccountFilter, "created_at")
     ordering = ("-id",)
     search_fields = ("key",)  # shows the box; get_search_results does the matching
@@ -216,11 +220,15 @@ class TransferAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="debit", ordering="debit_account")
     def debit_col(self, obj):
-        return format_html('<a href="{}">{}</a>', account_url(obj.debit_account_id), obj.debit_account_id)
+        return account_id_link(obj.debit_account_id)
 
     @admin.display(description="credit", ordering="credit_account")
     def credit_col(self, obj):
-        return format_html('<a href="{}">{}</a>', account_url(obj.credit_account_id), obj.credit_account_id)
+        return account_id_link(obj.credit_account_id)
+
+    @admin.display(description="created at (UTC)", ordering="created_at")
+    def created_at_col(self, obj):
+        return utc_text(obj.created_at)
 
     def get_search_results(self, request, queryset, search_term):
         terms = search_term.split()[:MAX_SEARCH_TERMS]

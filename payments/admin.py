@@ -14,7 +14,7 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from delaypay.admin_tools import LargeTableAdminMixin, ReadOnlyAdminMixin, badge, report
+from delaypay.admin_tools import LargeTableAdminMixin, ReadOnlyAdminMixin, badge, report, utc_text
 from ledger.selectors import transfer_by_key
 
 from .exceptions import PaymentNotCancellable, PaymentNotFound
@@ -31,6 +31,7 @@ admin.site.site_header = "delaypay operations"
 admin.site.site_title = "delaypay operations"
 admin.site.index_title = "Operations console"
 admin.site.site_url = None  # no public site to link to
+admin.site.enable_nav_sidebar = False  # the payment list is wide; give it the whole page
 
 STATUS_TONES = {
     PaymentStatus.SCHEDULED: "blue",
@@ -64,9 +65,11 @@ def payment_link(payment_id: str):
 
 
 def account_cell(account):
-    """Account id (linked) over its owner's username: who pays and who is paid."""
-    owner = account.owner.username if account.owner_id else f"{account.kind} account"
-    return format_html('{}<br><span class="dp-quiet">{}</span>', admin_link(account), owner)
+    """The account's owner, linked to the account (its id on hover): the list stays
+    narrow enough to show every column; the detail page has the full ids."""
+    owner = account.owner.username if account.owner_id else account.name
+    url = reverse("admin:ledger_account_change", args=[quote(account.pk)])
+    return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, owner)
 
 
 def payment_id_search(queryset, search_term: str):
@@ -143,10 +146,10 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         "from_col",
         "to_col",
         "amount",
-        "execute_at",
+        "execute_at_col",
         "status_col",
         "attempt",
-        "executed_at",
+        "executed_at_col",
         "failure_reason",
     )
     list_select_related = ("from_account__owner", "to_account__owner")
@@ -189,6 +192,14 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
     @admin.display(description="to", ordering="to_account")
     def to_col(self, obj):
         return account_cell(obj.to_account)
+
+    @admin.display(description="execute at (UTC)", ordering="execute_at")
+    def execute_at_col(self, obj):
+        return utc_text(obj.execute_at)
+
+    @admin.display(description="executed at (UTC)", ordering="executed_at")
+    def executed_at_col(self, obj):
+        return utc_text(obj.executed_at)
 
     @admin.display(description="status", ordering="status")
     def status_col(self, obj):
