@@ -6,10 +6,12 @@ through services (cancel, freeze, deposit). Nothing here edits a row by hand.
 
 import json
 
-from django.contrib import messages
+from django.contrib import admin, messages
 from django.contrib.admin import ShowFacets
 from django.contrib.admin.views.main import ChangeList
+from django.contrib.auth import get_permission_codename
 from django.core.paginator import Paginator
+from django.urls import path
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
@@ -81,6 +83,34 @@ class LargeTableAdminMixin:
 
     def get_changelist(self, request, **kwargs):
         return LimitedChangeList
+
+
+def has_model_permission(model_admin, request, action: str) -> bool:
+    """Whether the user holds ``<app>.<action>_<model>`` (a Meta permission such as cancel)."""
+    opts = model_admin.opts
+    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+
+
+def object_view_url(model_admin, name: str, view):
+    """``<object_id>/<name>/`` under the model's admin, behind the admin's login and CSRF
+    checks, reversible as ``admin:<app>_<model>_<name>``."""
+    opts = model_admin.opts
+    return path(
+        f"<path:object_id>/{name}/",
+        model_admin.admin_site.admin_view(view),
+        name=f"{opts.app_label}_{opts.model_name}_{name}",
+    )
+
+
+def display_column(attr: str, render, description: str, ordering: str | None = None):
+    """A column (list or detail page) showing ``render(obj.<attr>)``, sortable by
+    ``ordering`` (``attr`` by default)."""
+
+    @admin.display(description=description, ordering=ordering or attr)
+    def column(model_admin, obj):
+        return render(getattr(obj, attr))
+
+    return column
 
 
 def badge(value: str, tone: str):

@@ -3,14 +3,22 @@ through services) and the append-only transfers."""
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
-from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import reverse
 from django.utils.html import format_html
 
-from delaypay.admin_tools import LargeTableAdminMixin, ReadOnlyAdminMixin, badge, report, utc_text
+from delaypay.admin_tools import (
+    LargeTableAdminMixin,
+    ReadOnlyAdminMixin,
+    badge,
+    display_column,
+    has_model_permission,
+    object_view_url,
+    report,
+    utc_text,
+)
 
 from .forms import DepositForm
 from .models import ISSUANCE_ACCOUNT_ID, Account, Transfer
@@ -27,6 +35,10 @@ MAX_ACCOUNTS_PER_ACTION = 500
 MAX_SEARCH_TERMS = 50
 
 
+def account_status_badge(status: str):
+    return badge(status, ACCOUNT_STATUS_TONES.get(status, "grey"))
+
+
 def account_url(account_id: str) -> str:
     return reverse("admin:ledger_account_change", args=[quote(account_id)])
 
@@ -37,11 +49,6 @@ def account_transfers_url(account_id: str) -> str:
 
 def account_id_link(account_id: str):
     return format_html('<a class="dp-mono" href="{}">{}</a>', account_url(account_id), account_id)
-
-
-def custom_permission(model_admin, action: str):
-    codename = get_permission_codename(action, model_admin.opts)
-    return f"{model_admin.opts.app_label}.{codename}"
 
 
 @admin.register(Account)
@@ -56,9 +63,7 @@ class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     fields = ("id", "owner", "name", "kind", "status_col", "balance", "transfers_col", "created_at", "updated_at")
     readonly_fields = fields
 
-    @admin.display(description="status", ordering="status")
-    def status_col(self, obj):
-        return badge(obj.status, ACCOUNT_STATUS_TONES.get(obj.status, "grey"))
+    status_col = display_column("status", account_status_badge, "status")
 
     @admin.display(description="transfers")
     def transfers_col(self, obj):
@@ -73,7 +78,7 @@ class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     # --- freeze / unfreeze ----------------------------------------------------------
 
     def has_freeze_permission(self, request, obj=None) -> bool:
-        return request.user.has_perm(custom_permission(self, "freeze"))
+        return has_model_permission(self, request, "freeze")
 
     @admin.action(
         description="Freeze selected accounts (their payments fail as account_frozen)", permissions=["freeze"]
@@ -122,18 +127,10 @@ class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     # --- deposit --------------------------------------------------------------------
 
     def has_deposit_permission(self, request, obj=None) -> bool:
-        return request.user.has_perm(custom_permission(self, "deposit"))
+        return has_model_permission(self, request, "deposit")
 
     def get_urls(self):
-        info = (self.opts.app_label, self.opts.model_name)
-        return [
-            path(
-                "<path:object_id>/deposit/",
-                self.admin_site.admin_view(self.deposit_view),
-                name="{}_{}_deposit".format(*info),
-            ),
-            *super().get_urls(),
-        ]
+        return [object_view_url(self, "deposit", self.deposit_view), *super().get_urls()]
 
     def deposit_view(self, request, object_id):
         """Form, then ``ledger_deposit`` with the key the form carries, then back to the account."""
@@ -218,17 +215,9 @@ class TransferAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     fields = ("id", "key", "debit_col", "credit_col", "amount", "created_at")
     readonly_fields = fields
 
-    @admin.display(description="debit", ordering="debit_account")
-    def debit_col(self, obj):
-        return account_id_link(obj.debit_account_id)
-
-    @admin.display(description="credit", ordering="credit_account")
-    def credit_col(self, obj):
-        return account_id_link(obj.credit_account_id)
-
-    @admin.display(description="created at (UTC)", ordering="created_at")
-    def created_at_col(self, obj):
-        return utc_text(obj.created_at)
+    debit_col = display_column("debit_account_id", account_id_link, "debit", ordering="debit_account")
+    credit_col = display_column("credit_account_id", account_id_link, "credit", ordering="credit_account")
+    created_at_col = display_column("created_at", utc_text, "created at (UTC)")
 
     def get_search_results(self, request, queryset, search_term):
         terms = search_term.split()[:MAX_SEARCH_TERMS]

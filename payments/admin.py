@@ -8,13 +8,21 @@ nothing can be added or deleted, and the database triggers would refuse it anywa
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
-from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
-from django.urls import path, reverse
+from django.urls import reverse
 from django.utils.html import format_html
 
-from delaypay.admin_tools import LargeTableAdminMixin, ReadOnlyAdminMixin, badge, report, utc_text
+from delaypay.admin_tools import (
+    LargeTableAdminMixin,
+    ReadOnlyAdminMixin,
+    badge,
+    display_column,
+    has_model_permission,
+    object_view_url,
+    report,
+    utc_text,
+)
 from ledger.selectors import transfer_by_key
 
 from .exceptions import PaymentNotCancellable, PaymentNotFound
@@ -70,12 +78,6 @@ def account_cell(account):
     owner = account.owner.username if account.owner_id else account.name
     url = reverse("admin:ledger_account_change", args=[quote(account.pk)])
     return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, owner)
-
-
-def payment_id_search(queryset, search_term: str):
-    """Attempts and events: exact payment ids (the index on payment_id serves it)."""
-    terms = search_term.split()[:MAX_SEARCH_TERMS]
-    return queryset.filter(payment_id__in=terms) if terms else queryset
 
 
 class DueFilter(admin.SimpleListFilter):
@@ -185,25 +187,11 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
     def get_readonly_fields(self, request, obj=None):
         return flatten_fieldsets(self.fieldsets)
 
-    @admin.display(description="from", ordering="from_account")
-    def from_col(self, obj):
-        return account_cell(obj.from_account)
-
-    @admin.display(description="to", ordering="to_account")
-    def to_col(self, obj):
-        return account_cell(obj.to_account)
-
-    @admin.display(description="execute at (UTC)", ordering="execute_at")
-    def execute_at_col(self, obj):
-        return utc_text(obj.execute_at)
-
-    @admin.display(description="executed at (UTC)", ordering="executed_at")
-    def executed_at_col(self, obj):
-        return utc_text(obj.executed_at)
-
-    @admin.display(description="status", ordering="status")
-    def status_col(self, obj):
-        return status_badge(obj.status)
+    from_col = display_column("from_account", account_cell, "from")
+    to_col = display_column("to_account", account_cell, "to")
+    execute_at_col = display_column("execute_at", utc_text, "execute at (UTC)")
+    executed_at_col = display_column("executed_at", utc_text, "executed at (UTC)")
+    status_col = display_column("status", status_badge, "status")
 
     @admin.display(description="ledger transfer")
     def ledger_transfer(self, obj):
@@ -228,8 +216,7 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
     # --- cancel: the bulk action and the detail page's button --------------------
 
     def has_cancel_permission(self, request, obj=None) -> bool:
-        codename = get_permission_codename("cancel", self.opts)
-        return request.user.has_perm(f"{self.opts.app_label}.{codename}")
+        return has_model_permission(self, request, "cancel")
 
     @admin.action(description="Cancel selected payments", permissions=["cancel"])
     def cancel_selected(self, request, queryset):
@@ -266,15 +253,7 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         report(request, messages.ERROR, "No such payment", missing)
 
     def get_urls(self):
-        info = (self.opts.app_label, self.opts.model_name)
-        return [
-            path(
-                "<path:object_id>/cancel/",
-                self.admin_site.admin_view(self.cancel_view),
-                name="{}_{}_cancel".format(*info),
-            ),
-            *super().get_urls(),
-        ]
+        return [object_view_url(self, "cancel", self.cancel_view), *super().get_urls()]
 
     def cancel_view(self, request, object_id):
         if request.method != "POST":
@@ -291,35 +270,28 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
 
+class PaymentAuditAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The append-only tables beside a payment, newest first, searched by payment id."""
+
+    ordering = ("-id",)
+    search_fields = ("payment__id",)  # shows the box; get_search_results does the matching
+    search_help_text = "Exact payment id; several separated by spaces."
+    payment_col = display_column("payment_id", payment_link, "payment", ordering="payment")
+
+    def get_search_results(self, request, queryset, search_term):
+        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        return (queryset.filter(payment_id__in=terms) if terms else queryset), False
+
+
 @admin.register(PaymentEvent)
-class PaymentEventAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class PaymentEventAdmin(PaymentAuditAdmin):
     """The audit trail on its own: who cancelled what, and when."""
 
     list_display = ("id", "created_at", "payment_col", "kind", "from_status", "to_status", "attempt", "actor")
     list_filter = ("kind",)
-    ordering = ("-id",)
-    search_fields = ("payment__id",)
-    search_help_text = "Exact payment id; several separated by spaces."
-
-    @admin.display(description="payment", ordering="payment")
-    def payment_col(self, obj):
-        return payment_link(obj.payment_id)
-
-    def get_search_results(self, request, queryset, search_term):
-        return payment_id_search(queryset, search_term), False
 
 
 @admin.register(ExecutionAttempt)
-class ExecutionAttemptAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class ExecutionAttemptAdmin(PaymentAuditAdmin):
     list_display = ("id", "payment_col", "attempt", "outcome", "started_at", "finished_at", "worker")
     list_filter = ("outcome",)
-    ordering = ("-id",)
-    search_fields = ("payment__id",)
-    search_help_text = "Exact payment id; several separated by spaces."
-
-    @admin.display(description="payment", ordering="payment")
-    def payment_col(self, obj):
-        return payment_link(obj.payment_id)
-
-    def get_search_results(self, request, queryset, search_term):
-        return payment_id_search(queryset, search_term), False

@@ -3,17 +3,15 @@ against the live server. .ci/run installs Chromium where it is missing."""
 
 import os
 from contextlib import contextmanager
-from datetime import timedelta
 
 import pytest
 from django.contrib.admin.utils import quote
 from django.urls import reverse
-from django.utils import timezone
 from playwright.sync_api import expect, sync_playwright
 
-from payments.models import PaymentStatus, ScheduledPayment
+from payments.models import PaymentStatus
 from payments.services import payment_cancel
-from tests.factories import PASSWORD, UserFactory, funded_account
+from tests.factories import PASSWORD, UserFactory, funded_account, future_payment
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -60,20 +58,13 @@ def chromium_page(base_url: str):
             browser.close()
 
 
-def future_payment(source, target, minutes: int) -> ScheduledPayment:
-    return ScheduledPayment.objects.create(
-        payer=source.owner, from_account=source, to_account=target, amount=25,
-        execute_at=timezone.now() + timedelta(minutes=minutes),
-    )
-
-
 @pytest.mark.django_db(transaction=True)
 def test_staff_cancels_a_scheduled_payment_from_the_changelist(live_server, browser_settings, tmp_path):
     staff = UserFactory(is_staff=True, is_superuser=True)
     source, target = funded_account(balance=100), funded_account()
-    keep = future_payment(source, target, minutes=30)
-    doomed = future_payment(source, target, minutes=40)
-    already = future_payment(source, target, minutes=50)
+    keep = future_payment(source=source, target=target, minutes=30)
+    doomed = future_payment(source=source, target=target, minutes=40)
+    already = future_payment(source=source, target=target, minutes=50)
     payment_cancel(payment_id=already.pk, actor=staff)
 
     with chromium_page(live_server.url) as page:

@@ -21,7 +21,7 @@ from payments.promoter import claim_due
 from payments.services import payment_cancel
 from payments.templatetags.payments_admin import datetime_span
 from tests.conftest import admin_client_for
-from tests.factories import AccountFactory, UserFactory, due_payment, expire_lease, funded_account
+from tests.factories import AccountFactory, UserFactory, due_payment, expire_lease, funded_account, future_payment
 
 pytestmark = pytest.mark.django_db
 
@@ -34,16 +34,6 @@ def change_url(payment) -> str:
 
 def cancel_url(payment) -> str:
     return reverse("admin:payments_scheduledpayment_cancel", args=[quote(payment.pk)])
-
-
-def future_payment(*, source, target, amount=10, minutes=30, payer=None):
-    return ScheduledPayment.objects.create(
-        payer=payer or source.owner,
-        from_account=source,
-        to_account=target,
-        amount=amount,
-        execute_at=timezone.now() + timedelta(minutes=minutes),
-    )
 
 
 def run_due(*payments):
