@@ -2,11 +2,13 @@ from django.contrib import admin
 from django.urls import include, path
 
 from delaypay import views
+from payments.dashboard import dashboard_view
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", views.metrics, name="metrics"),
+    path("admin/dashboard/", admin.site.admin_view(dashboard_view), name="admin-dashboard"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("payments.api.urls")),
 ]

@@ -47,6 +47,11 @@ class Account(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+        # Staff actions in the admin beyond viewing (README "Staff roles").
+        permissions = [
+            ("freeze_account", "Can freeze or unfreeze an account"),
+            ("deposit_account", "Can deposit into an account from the issuance account"),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(kind="system") | models.Q(balance__gte=0),

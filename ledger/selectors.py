@@ -14,3 +14,8 @@ def account_visible_to(*, user) -> QuerySet[Account]:
 def transfers_for_account(*, account_id: str) -> QuerySet[Transfer]:
     """Every transfer that debits or credits the account."""
     return Transfer.objects.filter(Q(debit_account_id=account_id) | Q(credit_account_id=account_id))
+
+
+def transfer_by_key(*, key: str) -> Transfer | None:
+    """The transfer recorded under ``key`` (for a payment: its id), if any."""
+    return Transfer.objects.filter(key=key).first()

@@ -119,6 +119,14 @@ class ScheduledPayment(models.Model):
                 condition=models.Q(status="EXECUTING"),
                 name="payments_lease_idx",
             ),
+            # The admin: newest-due-first ordering, the date hierarchy's min/max, due-date filters.
+            models.Index(fields=["execute_at", "id"], name="payments_execute_at_idx"),
+            # The admin's failure_reason filter; only FAILED rows, so it stays small.
+            models.Index(
+                fields=["failure_reason", "execute_at", "id"],
+                condition=models.Q(status="FAILED"),
+                name="payments_failed_idx",
+            ),
             models.Index(fields=["from_account", "execute_at"], name="payments_from_account_idx"),
             models.Index(fields=["payer", "execute_at"], name="payments_payer_idx"),
         ]

@@ -4,8 +4,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Prefetch, Q, QuerySet
+from django.db.models import Count, DateTimeField, DurationField, ExpressionWrapper, F, Prefetch, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
+
+from ledger.models import Account
 
 from .exceptions import PaymentNotFound
 from .models import ExecutionAttempt, Heartbeat, PaymentStatus, ScheduledPayment
@@ -136,3 +139,43 @@ def heartbeat_readings() -> dict[str, HeartbeatReading]:
         hb.name: HeartbeatReading(hb.beat_at, max(hb.age.total_seconds(), 0.0), hb.value)
         for hb in rows
     }
+
+
+# --- Admin filters and search (the database clock decides what is due) -----------------
+
+def payment_overdue_condition() -> Q:
+    """SCHEDULED payments past due, and EXECUTING payments whose lease expired: the rows
+    behind schedule_health's ``overdue`` and ``leases_expired``.
+
+    Written as ``id IN (a UNION ALL b)`` so each arm is served by its partial index
+    (payments_due_idx, payments_lease_idx); the plain OR makes the planner walk the
+    whole table in execute_at order looking for the few overdue rows.
+    """
+    rows = ScheduledPayment.objects.order_by().values("pk")
+    due = rows.filter(status=PaymentStatus.SCHEDULED, execute_at__lte=Now())
+    stuck = rows.filter(status=PaymentStatus.EXECUTING, lease_until__lt=Now())
+    return Q(pk__in=due.union(stuck, all=True))
+
+
+def payment_due_today_condition() -> Q:
+    """Due on the current UTC calendar day, whatever the status."""
+    start = RawSQL("date_trunc('day', now())", [], output_field=DateTimeField())
+    end = RawSQL("date_trunc('day', now()) + interval '1 day'", [], output_field=DateTimeField())
+    return Q(execute_at__gte=start, execute_at__lt=end)
+
+
+def payment_due_next_hour_condition() -> Q:
+    """Due within the coming hour (not yet due), whatever the status."""
+    end = RawSQL("now() + interval '1 hour'", [], output_field=DateTimeField())
+    return Q(execute_at__gt=Now(), execute_at__lte=end)
+
+
+def payment_search_condition(*, terms: list[str]) -> Q:
+    """What staff search terms match (any of them): a payment id, an account id (either
+    side), or the username owning either account. Account ids are resolved first, in one
+    query, so the payment scan uses the account indexes instead of joining users."""
+    terms = [t for t in terms if t]
+    account_ids = list(
+        Account.objects.filter(Q(pk__in=terms) | Q(owner__username__in=terms)).values_list("id", flat=True)
+    )
+    return Q(pk__in=terms) | Q(from_account_id__in=account_ids) | Q(to_account_id__in=account_ids)

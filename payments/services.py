@@ -1,6 +1,7 @@
 """Payment writes: schedule and cancel. Every state change is a conditional UPDATE
 (compare-and-set) plus its audit event, in one transaction."""
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -94,12 +95,24 @@ def payment_schedule(
     return payment
 
 
+@dataclass(frozen=True)
+class CancelOutcome:
+    payment: ScheduledPayment
+    cancelled_now: bool  # False: an earlier cancel had already done it
+
+
 def payment_cancel(*, payment_id: str, actor) -> ScheduledPayment:
     """Cancel a SCHEDULED payment: a CAS that races the claim on the same precondition.
 
     A repeated cancel returns the cancelled payment; a payment already claimed or
     finished raises PaymentNotCancellable carrying its status.
     """
+    return payment_cancel_outcome(payment_id=payment_id, actor=actor).payment
+
+
+def payment_cancel_outcome(*, payment_id: str, actor) -> CancelOutcome:
+    """``payment_cancel`` that also says whether this call won the CAS (the admin
+    reports "cancelled" and "already cancelled" apart)."""
     with transaction.atomic():
         won = ScheduledPayment.objects.filter(pk=payment_id, status=PaymentStatus.SCHEDULED).update(
             status=PaymentStatus.CANCELLED,
@@ -122,7 +135,7 @@ def payment_cancel(*, payment_id: str, actor) -> ScheduledPayment:
         raise PaymentNotFound()
     if payment.status != PaymentStatus.CANCELLED:
         raise PaymentNotCancellable(payment.status)
-    return payment
+    return CancelOutcome(payment, cancelled_now=bool(won))
 
 
 def heartbeat_record(*, name: str, value: int = 0) -> None:

@@ -1,9 +1,12 @@
+import io
 from pathlib import Path
 
 import pytest
 import redis
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.core.management import call_command
+from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -90,3 +93,39 @@ def celery_stack(request, transactional_db, tmp_path):
         yield stack
     finally:
         stack.stop()
+
+
+# --- The admin console ------------------------------------------------------------------
+
+
+@pytest.fixture
+def staff_groups(db):
+    """The "support" and "auditor" groups, as the release step creates them."""
+    call_command("staff_groups", stdout=io.StringIO())
+
+
+def admin_client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def staff_in(group: str):
+    user = UserFactory(is_staff=True)
+    user.groups.add(Group.objects.get(name=group))
+    return user
+
+
+@pytest.fixture
+def superuser(db):
+    return UserFactory(is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def support_user(staff_groups):
+    return staff_in("support")
+
+
+@pytest.fixture
+def auditor_user(staff_groups):
+    return staff_in("auditor")

@@ -60,3 +60,8 @@ def expire_lease(payment) -> None:
     ScheduledPayment.objects.filter(pk=payment.pk, status="EXECUTING").update(
         lease_until=timezone.now() - timedelta(hours=1)
     )
+
+
+def future_payment(*, source: Account, target: Account, amount: int = 10, minutes: float = 30, payer=None):
+    """A SCHEDULED payment due ``minutes`` from now (written directly, like due_payment)."""
+    return due_payment(source=source, target=target, amount=amount, seconds_ago=-60 * minutes, payer=payer)

@@ -1,0 +1,297 @@
+"""The payments operations console.
+
+Staff read everything; they change state only through the services the API uses:
+"Cancel selected payments" and the detail page's Cancel button both call
+``payment_cancel_outcome`` (the CAS). No money field, status or time is editable,
+nothing can be added or deleted, and the database triggers would refuse it anyway.
+"""
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html
+
+from delaypay.admin_tools import (
+    LargeTableAdminMixin,
+    ReadOnlyAdminMixin,
+    badge,
+    display_column,
+    has_model_permission,
+    object_view_url,
+    report,
+    utc_text,
+)
+from ledger.selectors import transfer_by_key
+
+from .exceptions import PaymentNotCancellable, PaymentNotFound
+from .models import ExecutionAttempt, FailureReason, PaymentEvent, PaymentStatus, ScheduledPayment
+from .selectors import (
+    payment_due_next_hour_condition,
+    payment_due_today_condition,
+    payment_overdue_condition,
+    payment_search_condition,
+)
+from .services import payment_cancel_outcome
+
+admin.site.site_header = "delaypay operations"
+admin.site.site_title = "delaypay operations"
+admin.site.index_title = "Operations console"
+admin.site.site_url = None  # no public site to link to
+admin.site.enable_nav_sidebar = False  # the payment list is wide; give it the whole page
+
+STATUS_TONES = {
+    PaymentStatus.SCHEDULED: "blue",
+    PaymentStatus.EXECUTING: "amber",
+    PaymentStatus.EXECUTED: "green",
+    PaymentStatus.FAILED: "red",
+    PaymentStatus.CANCELLED: "grey",
+}
+
+# One request cancels at most this many payments (one short transaction each); a
+# "select all 1,000,000" must not turn into a request that runs for an hour.
+MAX_CANCEL_PER_ACTION = 500
+
+# More search terms than this are ignored (each is an exact id or username).
+MAX_SEARCH_TERMS = 50
+
+
+def status_badge(status: str):
+    return badge(status, STATUS_TONES.get(status, "grey"))
+
+
+def admin_link(obj, text=None):
+    """A link to ``obj``'s admin change page (primary keys quoted as the admin does)."""
+    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[quote(obj.pk)])
+    return format_html('<a href="{}">{}</a>', url, text if text is not None else obj.pk)
+
+
+def payment_link(payment_id: str):
+    url = reverse("admin:payments_scheduledpayment_change", args=[quote(payment_id)])
+    return format_html('<a href="{}">{}</a>', url, payment_id)
+
+
+def account_cell(account):
+    """The account's owner, linked to the account (its id on hover): the list stays
+    narrow enough to show every column; the detail page has the full ids."""
+    owner = account.owner.username if account.owner_id else account.name
+    url = reverse("admin:ledger_account_change", args=[quote(account.pk)])
+    return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, owner)
+
+
+class DueFilter(admin.SimpleListFilter):
+    """Due date as an operator thinks of it, judged on the database clock."""
+
+    title = "due"
+    parameter_name = "due"
+    CONDITIONS = {
+        "overdue": payment_overdue_condition,
+        "next_hour": payment_due_next_hour_condition,
+        "today": payment_due_today_condition,
+    }
+
+    def lookups(self, request, model_admin):
+        return [
+            ("overdue", "Overdue (past due, or lease expired)"),
+            ("next_hour", "In the next hour"),
+            ("today", "Today (UTC)"),
+        ]
+
+    def queryset(self, request, queryset):
+        condition = self.CONDITIONS.get(self.value())
+        return queryset if condition is None else queryset.filter(condition())
+
+
+class FailureReasonFilter(admin.SimpleListFilter):
+    """Fixed choices: Django's default would run SELECT DISTINCT over the whole table."""
+
+    title = "failure reason"
+    parameter_name = "failure_reason"
+
+    def lookups(self, request, model_admin):
+        return FailureReason.choices
+
+    def queryset(self, request, queryset):
+        if self.value() in FailureReason.values:
+            # Only FAILED rows carry a reason; saying so lets payments_failed_idx serve it.
+            return queryset.filter(status=PaymentStatus.FAILED, failure_reason=self.value())
+        return queryset
+
+
+class ExecutionAttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = ExecutionAttempt
+    fields = ("attempt", "outcome", "started_at", "finished_at", "worker", "error")
+    readonly_fields = fields
+    ordering = ("attempt",)
+    extra = 0
+    can_delete = False
+
+
+class PaymentEventInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = PaymentEvent
+    verbose_name_plural = "event history"
+    fields = ("created_at", "kind", "from_status", "to_status", "attempt", "actor", "actor_user", "data")
+    readonly_fields = fields
+    ordering = ("id",)
+    extra = 0
+    can_delete = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("actor_user")
+
+
+@admin.register(ScheduledPayment)
+class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = (
+        "id",
+        "from_col",
+        "to_col",
+        "amount",
+        "execute_at_col",
+        "status_col",
+        "attempt",
+        "executed_at_col",
+        "failure_reason",
+    )
+    list_select_related = ("from_account__owner", "to_account__owner")
+    list_filter = ("status", DueFilter, FailureReasonFilter)
+    date_hierarchy = "execute_at"
+    # Newest due first; served backwards by the (execute_at, id) index.
+    ordering = ("-execute_at", "-id")
+    search_fields = ("id",)  # shows the box; get_search_results does the matching
+    search_help_text = "Exact payment id, account id or account owner's username; several separated by spaces."
+    actions = ["cancel_selected"]
+    inlines = [ExecutionAttemptInline, PaymentEventInline]
+    fieldsets = (
+        ("Payment", {"fields": ("id", "payer", "from_account", "to_account", "amount", "execute_at")}),
+        (
+            "State",
+            {
+                "fields": (
+                    "status_col",
+                    "failure_reason",
+                    "attempt",
+                    "lease_until",
+                    "claimed_at",
+                    "executed_at",
+                    "cancelled_at",
+                    "version",
+                )
+            },
+        ),
+        ("Ledger", {"fields": ("ledger_transfer",)}),
+        ("Record", {"fields": ("created_at", "updated_at")}),
+    )
+
+    def get_readonly_fields(self, request, obj=None):
+        return flatten_fieldsets(self.fieldsets)
+
+    from_col = display_column("from_account", account_cell, "from")
+    to_col = display_column("to_account", account_cell, "to")
+    execute_at_col = display_column("execute_at", utc_text, "execute at (UTC)")
+    executed_at_col = display_column("executed_at", utc_text, "executed at (UTC)")
+    status_col = display_column("status", status_badge, "status")
+
+    @admin.display(description="ledger transfer")
+    def ledger_transfer(self, obj):
+        transfer = transfer_by_key(key=obj.pk)
+        if transfer is None:
+            return "none: no money moved for this payment"
+        return format_html(
+            "{} · {} → {} · {} at {}",
+            admin_link(transfer, f"transfer #{transfer.pk}"),
+            transfer.debit_account_id,
+            transfer.credit_account_id,
+            transfer.amount,
+            transfer.created_at.isoformat(),
+        )
+
+    def get_search_results(self, request, queryset, search_term):
+        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        if not terms:
+            return queryset, False
+        return queryset.filter(payment_search_condition(terms=terms)), False
+
+    # --- cancel: the bulk action and the detail page's button --------------------
+
+    def has_cancel_permission(self, request, obj=None) -> bool:
+        return has_model_permission(self, request, "cancel")
+
+    @admin.action(description="Cancel selected payments", permissions=["cancel"])
+    def cancel_selected(self, request, queryset):
+        ids = sorted(queryset.order_by().values_list("pk", flat=True)[: MAX_CANCEL_PER_ACTION + 1])
+        if len(ids) > MAX_CANCEL_PER_ACTION:
+            self.message_user(
+                request,
+                f"Select at most {MAX_CANCEL_PER_ACTION} payments per cancel; nothing was cancelled.",
+                messages.ERROR,
+            )
+            return
+        self.cancel_and_report(request, ids)
+
+    def cancel_and_report(self, request, payment_ids: list[str]) -> None:
+        """Cancel each payment through the service and say what happened to each."""
+        cancelled, already, too_late, missing = [], [], [], []
+        for payment_id in payment_ids:
+            try:
+                outcome = payment_cancel_outcome(payment_id=payment_id, actor=request.user)
+            except PaymentNotCancellable as exc:
+                too_late.append(f"{payment_id} is {exc.status}")
+                continue
+            except PaymentNotFound:
+                missing.append(payment_id)
+                continue
+            if outcome.cancelled_now:
+                cancelled.append(payment_id)
+                self.log_change(request, outcome.payment, "Cancelled from the admin.")
+            else:
+                already.append(payment_id)
+        report(request, messages.SUCCESS, "Cancelled", cancelled)
+        report(request, messages.INFO, "Already cancelled", already)
+        report(request, messages.WARNING, "Too late to cancel", too_late)
+        report(request, messages.ERROR, "No such payment", missing)
+
+    def get_urls(self):
+        return [object_view_url(self, "cancel", self.cancel_view), *super().get_urls()]
+
+    def cancel_view(self, request, object_id):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        self.cancel_and_report(request, [unquote(object_id)])
+        return HttpResponseRedirect(reverse("admin:payments_scheduledpayment_change", args=[object_id]))
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        context["can_cancel"] = (
+            obj is not None and obj.status == PaymentStatus.SCHEDULED and self.has_cancel_permission(request, obj)
+        )
+        return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
+
+
+class PaymentAuditAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The append-only tables beside a payment, newest first, searched by payment id."""
+
+    ordering = ("-id",)
+    search_fields = ("payment__id",)  # shows the box; get_search_results does the matching
+    search_help_text = "Exact payment id; several separated by spaces."
+    payment_col = display_column("payment_id", payment_link, "payment", ordering="payment")
+
+    def get_search_results(self, request, queryset, search_term):
+        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        return (queryset.filter(payment_id__in=terms) if terms else queryset), False
+
+
+@admin.register(PaymentEvent)
+class PaymentEventAdmin(PaymentAuditAdmin):
+    """The audit trail on its own: who cancelled what, and when."""
+
+    list_display = ("id", "created_at", "payment_col", "kind", "from_status", "to_status", "attempt", "actor")
+    list_filter = ("kind",)
+
+
+@admin.register(ExecutionAttempt)
+class ExecutionAttemptAdmin(PaymentAuditAdmin):
+    list_display = ("id", "payment_col", "attempt", "outcome", "started_at", "finished_at", "worker")
+    list_filter = ("outcome",)

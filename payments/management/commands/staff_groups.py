@@ -1,0 +1,51 @@
+"""Create or update the staff groups of the operations console (README "Staff roles").
+
+Idempotent: each group ends up with exactly the permissions listed here. Run after
+`migrate` (the release step does), because Django creates permissions after migrating.
+"""
+
+from django.contrib.auth.models import Group, Permission
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+VIEW = [
+    "payments.view_scheduledpayment",
+    "payments.view_executionattempt",
+    "payments.view_paymentevent",
+    "ledger.view_account",
+    "ledger.view_transfer",
+]
+
+STAFF_GROUPS: dict[str, list[str]] = {
+    # Reads everything, cancels payments that have not started.
+    "support": [*VIEW, "payments.cancel_scheduledpayment"],
+    # Reads everything, changes nothing.
+    "auditor": VIEW,
+}
+
+
+def staff_groups_sync() -> dict[str, int]:
+    """Give each staff group exactly its permissions; returns group -> permission count."""
+    wanted = {perm for perms in STAFF_GROUPS.values() for perm in perms}
+    found = {
+        f"{p.content_type.app_label}.{p.codename}": p
+        for p in Permission.objects.select_related("content_type").filter(
+            codename__in=[w.split(".", 1)[1] for w in wanted]
+        )
+    }
+    missing = sorted(wanted - found.keys())
+    if missing:
+        raise CommandError(f"permissions missing (run migrate first): {', '.join(missing)}")
+    with transaction.atomic():
+        for name, perms in STAFF_GROUPS.items():
+            group, _ = Group.objects.get_or_create(name=name)
+            group.permissions.set([found[p] for p in perms])
+    return {name: len(perms) for name, perms in STAFF_GROUPS.items()}
+
+
+class Command(BaseCommand):
+    help = 'Create or update the "support" (view + cancel) and "auditor" (view only) staff groups.'
+
+    def handle(self, *args, **options):
+        for name, count in staff_groups_sync().items():
+            self.stdout.write(f"group {name}: {count} permissions")

@@ -1,0 +1,432 @@
+"""The payments operations console, through Django's test client."""
+
+import io
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.admin.utils import quote
+from django.contrib.auth.models import Group
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from delaypay.admin_tools import EstimatedCountPaginator
+from ledger.models import Transfer
+from payments.execution import execute_batch
+from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
+from payments.promoter import claim_due
+from payments.services import payment_cancel
+from payments.templatetags.payments_admin import datetime_span
+from tests.conftest import admin_client_for
+from tests.factories import AccountFactory, UserFactory, due_payment, expire_lease, funded_account, future_payment
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = reverse("admin:payments_scheduledpayment_changelist")
+
+
+def change_url(payment) -> str:
+    return reverse("admin:payments_scheduledpayment_change", args=[quote(payment.pk)])
+
+
+def cancel_url(payment) -> str:
+    return reverse("admin:payments_scheduledpayment_cancel", args=[quote(payment.pk)])
+
+
+def run_due(*payments):
+    """Claim and execute these (already due) payments, as promoter and worker would."""
+    wanted = {p.pk for p in payments}
+    claim = claim_due(batch=1000, lease_seconds=60)
+    execute_batch(pairs=[pair for pair in claim.fresh + claim.reclaimed if pair[0] in wanted], worker="w1")
+    for p in payments:
+        p.refresh_from_db()
+
+
+def listed_ids(response) -> set[str]:
+    return {str(obj.pk) for obj in response.context["cl"].result_list}
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+@pytest.fixture
+def accounts():
+    return funded_account(balance=1_000), funded_account()
+
+
+@pytest.fixture
+def zoo(accounts):
+    """One payment in every interesting state."""
+    a, b = accounts
+    broke = funded_account(balance=0)
+    rows = {
+        "future": future_payment(source=a, target=b, minutes=30),
+        "far_future": future_payment(source=a, target=b, minutes=60 * 24 * 3),
+        "executed": due_payment(source=a, target=b, amount=100, seconds_ago=120),
+        "failed": due_payment(source=broke, target=b, amount=5, seconds_ago=120),
+    }
+    run_due(rows["executed"], rows["failed"])
+    rows["stuck"] = due_payment(source=a, target=b, amount=7, seconds_ago=120)
+    rows["in_flight"] = due_payment(source=a, target=b, amount=8, seconds_ago=120)
+    claim_due(batch=1000, lease_seconds=600)
+    expire_lease(rows["stuck"])  # its worker died: the lease ran out
+    rows["overdue"] = due_payment(source=a, target=b, amount=9, seconds_ago=120)
+    rows["cancelled"] = future_payment(source=a, target=b, minutes=45)
+    payment_cancel(payment_id=rows["cancelled"].pk, actor=a.owner)
+    for p in rows.values():
+        p.refresh_from_db()
+    assert rows["stuck"].status == rows["in_flight"].status == PaymentStatus.EXECUTING
+    assert (rows["executed"].status, rows["failed"].status) == (PaymentStatus.EXECUTED, PaymentStatus.FAILED)
+    return rows
+
+
+def ids(zoo, *names) -> set[str]:
+    return {zoo[n].pk for n in names}
+
+
+# --- changelist -----------------------------------------------------------------------
+
+
+def test_changelist_shows_every_column_with_a_status_badge(superuser, zoo):
+    response = admin_client_for(superuser).get(CHANGELIST)
+    assert response.status_code == 200
+    assert listed_ids(response) == ids(zoo, *zoo)
+    html = response.content.decode()
+    assert '<span class="dp-badge dp-green">EXECUTED</span>' in html
+    assert '<span class="dp-badge dp-red">FAILED</span>' in html
+    assert "insufficient_funds" in html
+    assert zoo["executed"].from_account.owner.username in html
+
+
+def test_changelist_is_ordered_newest_due_first(superuser, zoo):
+    response = admin_client_for(superuser).get(CHANGELIST)
+    dues = [p.execute_at for p in response.context["cl"].result_list]
+    assert dues == sorted(dues, reverse=True)
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("status__exact=SCHEDULED", ("future", "far_future", "overdue")),
+        ("status__exact=EXECUTING", ("stuck", "in_flight")),
+        ("status__exact=CANCELLED", ("cancelled",)),
+        ("due=overdue", ("overdue", "stuck")),
+        ("due=next_hour", ("future", "cancelled")),
+        ("failure_reason=insufficient_funds", ("failed",)),
+        ("failure_reason=account_frozen", ()),
+        ("due=overdue&status__exact=EXECUTING", ("stuck",)),
+    ],
+)
+def test_changelist_filters(superuser, zoo, query, expected):
+    response = admin_client_for(superuser).get(f"{CHANGELIST}?{query}")
+    assert response.status_code == 200
+    assert listed_ids(response) == ids(zoo, *expected)
+
+
+def test_due_today_filter_takes_the_utc_calendar_day(superuser, accounts):
+    a, b = accounts
+    now = timezone.now()
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+
+    def due(at):
+        return ScheduledPayment.objects.create(payer=a.owner, from_account=a, to_account=b, amount=1, execute_at=at)
+
+    today = due(midnight + (now - midnight) / 2)
+    due(midnight + timedelta(days=1, hours=1))  # tomorrow
+    due(midnight - timedelta(hours=1))  # yesterday
+    response = admin_client_for(superuser).get(f"{CHANGELIST}?due=today")
+    assert listed_ids(response) == {today.pk}
+
+
+def test_date_hierarchy_drills_into_year_and_month(superuser, zoo):
+    client = admin_client_for(superuser)
+    year = zoo["executed"].execute_at.year
+    response = client.get(f"{CHANGELIST}?execute_at__year={year}")
+    assert response.status_code == 200
+    assert zoo["executed"].pk in listed_ids(response)
+    month = zoo["executed"].execute_at.month
+    response = client.get(f"{CHANGELIST}?execute_at__year={year}&execute_at__month={month}")
+    assert zoo["executed"].pk in listed_ids(response)
+    assert f"execute_at__day={zoo['executed'].execute_at.day}" in response.content.decode()
+
+
+def test_date_hierarchy_span_lists_every_unit_between_first_and_last(accounts):
+    a, b = accounts
+    for when in (datetime(2031, 11, 30, 23, tzinfo=UTC), datetime(2032, 2, 1, 1, tzinfo=UTC)):
+        ScheduledPayment.objects.create(payer=a.owner, from_account=a, to_account=b, amount=1, execute_at=when)
+    qs = ScheduledPayment.objects.all()
+    assert [d.year for d in datetime_span(qs, "execute_at", "year")] == [2031, 2032]
+    assert [(d.year, d.month) for d in datetime_span(qs, "execute_at", "month")] == [
+        (2031, 11), (2031, 12), (2032, 1), (2032, 2)
+    ]
+    assert len(datetime_span(qs, "execute_at", "day")) == 1 + 31 + 31 + 1
+    assert datetime_span(qs.none(), "execute_at", "day") == []
+
+
+def test_search_by_payment_id_account_id_and_owner_username(superuser, accounts):
+    a, b = accounts
+    other_source, other_target = funded_account(balance=10), funded_account()
+    mine = future_payment(source=a, target=b)
+    theirs = future_payment(source=other_source, target=other_target)
+    client = admin_client_for(superuser)
+
+    def search(term):
+        response = client.get(CHANGELIST, {"q": term})
+        assert response.status_code == 200
+        return listed_ids(response)
+
+    assert search(mine.pk) == {mine.pk}
+    assert search(a.pk) == {mine.pk}
+    assert search(b.pk) == {mine.pk}  # the receiving side too
+    assert search(other_source.owner.username) == {theirs.pk}
+    assert search(other_target.owner.username) == {theirs.pk}
+    assert search(f"{mine.pk} {theirs.pk}") == {mine.pk, theirs.pk}
+    assert search("nobody-has-this-name") == set()
+
+
+def test_changelist_query_count_does_not_grow_with_rows(superuser, django_assert_max_num_queries):
+    """Every row shows two accounts and two owners: list_select_related, not a query per row."""
+    client = admin_client_for(superuser)
+
+    def page_with(rows: int) -> int:
+        for _ in range(rows - ScheduledPayment.objects.count()):
+            future_payment(source=AccountFactory(), target=AccountFactory())
+        client.get(CHANGELIST)  # warm caches (content types, session)
+        with CaptureQueriesContext(connection) as ctx, django_assert_max_num_queries(10):
+            response = client.get(CHANGELIST)
+        assert len(response.context["cl"].result_list) == rows
+        return len(ctx.captured_queries)
+
+    assert page_with(5) == page_with(50)
+
+
+def test_large_results_show_an_estimate_instead_of_counting_every_row(accounts, monkeypatch):
+    a, b = accounts
+    for _ in range(6):
+        future_payment(source=a, target=b)
+    monkeypatch.setattr("delaypay.admin_tools.EXACT_COUNT_LIMIT", 3)
+    paginator = EstimatedCountPaginator(ScheduledPayment.objects.order_by("id"), 2)
+    assert paginator.count >= 4
+    assert paginator.estimated
+    monkeypatch.setattr("delaypay.admin_tools.EXACT_COUNT_LIMIT", 100)
+    exact = EstimatedCountPaginator(ScheduledPayment.objects.order_by("id"), 2)
+    assert (exact.count, exact.estimated) == (6, False)
+
+
+# --- detail page ----------------------------------------------------------------------
+
+
+def test_detail_page_is_read_only_with_attempts_events_and_the_transfer(superuser, zoo):
+    payment = zoo["executed"]
+    response = admin_client_for(superuser).get(change_url(payment))
+    assert response.status_code == 200
+    html = response.content.decode()
+    transfer = Transfer.objects.get(key=payment.pk)
+    assert reverse("admin:ledger_transfer_change", args=[transfer.pk]) in html
+    assert f"transfer #{transfer.pk}" in html
+    assert response.context["adminform"].form.fields == {}  # nothing editable
+    assert 'name="_save"' not in html
+    assert 'name="amount"' not in html
+    inline_models = {formset.opts.model.__name__ for formset in response.context["inline_admin_formsets"]}
+    assert inline_models == {"ExecutionAttempt", "PaymentEvent"}
+    for formset in response.context["inline_admin_formsets"]:
+        assert not formset.has_add_permission and not formset.has_delete_permission
+    assert "worker:w1" in html  # the executed event's actor
+    assert 'name="cancel-payment"' not in html  # executed: no Cancel button
+
+
+def test_detail_page_of_an_unexecuted_payment_says_no_money_moved(superuser, zoo):
+    response = admin_client_for(superuser).get(change_url(zoo["failed"]))
+    assert "none: no money moved for this payment" in response.content.decode()
+
+
+def test_posting_the_change_form_changes_nothing(superuser, zoo):
+    payment = zoo["future"]
+    before = ScheduledPayment.objects.filter(pk=payment.pk).values().get()
+    response = admin_client_for(superuser).post(
+        change_url(payment),
+        {"amount": 999_999, "status": "EXECUTED", "execute_at_0": "2030-01-01", "execute_at_1": "00:00:00",
+         "from_account": zoo["failed"].from_account_id, "_save": "Save"},
+    )
+    assert response.status_code == 403
+    assert ScheduledPayment.objects.filter(pk=payment.pk).values().get() == before
+
+
+def test_no_add_or_delete_for_payments_attempts_and_events(superuser, zoo):
+    client = admin_client_for(superuser)
+    for model in ("scheduledpayment", "executionattempt", "paymentevent"):
+        assert client.get(reverse(f"admin:payments_{model}_add")).status_code == 403
+    delete = reverse("admin:payments_scheduledpayment_delete", args=[quote(zoo["future"].pk)])
+    assert client.get(delete).status_code == 403
+    event = PaymentEvent.objects.first()
+    assert client.get(reverse("admin:payments_paymentevent_delete", args=[event.pk])).status_code == 403
+    actions = admin_client_for(superuser).get(CHANGELIST).context["action_form"].fields["action"].choices
+    assert [name for name, _ in actions if name] == ["cancel_selected"]
+
+
+def test_event_and_attempt_lists_search_by_payment(superuser, zoo):
+    client = admin_client_for(superuser)
+    response = client.get(reverse("admin:payments_paymentevent_changelist"), {"q": zoo["executed"].pk})
+    assert {e.kind for e in response.context["cl"].result_list} == {"claimed", "executed"}
+    response = client.get(reverse("admin:payments_executionattempt_changelist"), {"q": zoo["failed"].pk})
+    assert [a.outcome for a in response.context["cl"].result_list] == ["failed"]
+
+
+# --- cancel -----------------------------------------------------------------------------
+
+
+def cancel_action(client, *payments):
+    return client.post(
+        CHANGELIST,
+        {"action": "cancel_selected", "_selected_action": [p.pk for p in payments]},
+        follow=True,
+    )
+
+
+def test_cancel_action_cancels_a_scheduled_payment_as_the_staff_user(support_user, zoo):
+    payment = zoo["future"]
+    response = cancel_action(admin_client_for(support_user), payment)
+    assert response.status_code == 200
+    assert messages_of(response) == [f"Cancelled: {payment.pk}."]
+    payment.refresh_from_db()
+    assert payment.status == PaymentStatus.CANCELLED
+    event = PaymentEvent.objects.get(payment=payment, kind=PaymentEvent.Kind.CANCELLED)
+    assert (event.actor, event.actor_user) == (f"user:{support_user.pk}", support_user)
+
+
+def test_cancel_action_reports_an_already_cancelled_payment(support_user, zoo):
+    payment = zoo["cancelled"]
+    response = cancel_action(admin_client_for(support_user), payment)
+    assert messages_of(response) == [f"Already cancelled: {payment.pk}."]
+    assert PaymentEvent.objects.filter(payment=payment, kind=PaymentEvent.Kind.CANCELLED).count() == 1
+
+
+def test_cancel_action_is_too_late_for_an_executed_payment(support_user, zoo):
+    payment = zoo["executed"]
+    response = cancel_action(admin_client_for(support_user), payment)
+    assert messages_of(response) == [f"Too late to cancel: {payment.pk} is EXECUTED."]
+    payment.refresh_from_db()
+    assert payment.status == PaymentStatus.EXECUTED
+
+
+def test_cancel_action_reports_each_payment_of_a_mixed_selection(support_user, zoo):
+    response = cancel_action(
+        admin_client_for(support_user), zoo["future"], zoo["cancelled"], zoo["stuck"], zoo["failed"]
+    )
+    text = messages_of(response)
+    assert text[0] == f"Cancelled: {zoo['future'].pk}."
+    assert text[1] == f"Already cancelled: {zoo['cancelled'].pk}."
+    assert text[2].startswith("Too late to cancel: ")
+    assert f"{zoo['stuck'].pk} is EXECUTING" in text[2] and f"{zoo['failed'].pk} is FAILED" in text[2]
+
+
+def test_cancel_action_refuses_an_oversized_selection(support_user, zoo, monkeypatch):
+    monkeypatch.setattr("payments.admin.MAX_CANCEL_PER_ACTION", 1)
+    response = cancel_action(admin_client_for(support_user), zoo["future"], zoo["overdue"])
+    assert messages_of(response) == ["Select at most 1 payments per cancel; nothing was cancelled."]
+    assert ScheduledPayment.objects.filter(status=PaymentStatus.SCHEDULED).count() == 3
+
+
+def test_cancel_button_on_the_detail_page(support_user, zoo):
+    payment = zoo["future"]
+    client = admin_client_for(support_user)
+    page = client.get(change_url(payment)).content.decode()
+    assert f'action="{cancel_url(payment)}"' in page
+    assert client.get(cancel_url(payment)).status_code == 405  # a GET never cancels
+    response = client.post(cancel_url(payment), follow=True)
+    assert response.redirect_chain[-1][0] == change_url(payment)
+    assert messages_of(response) == [f"Cancelled: {payment.pk}."]
+    payment.refresh_from_db()
+    assert payment.status == PaymentStatus.CANCELLED
+    assert 'name="cancel-payment"' not in response.content.decode()  # gone once cancelled
+    again = client.post(cancel_url(payment), follow=True)
+    assert messages_of(again) == [f"Already cancelled: {payment.pk}."]
+
+
+def test_cancel_button_reports_too_late(support_user, zoo):
+    response = admin_client_for(support_user).post(cancel_url(zoo["in_flight"]), follow=True)
+    assert messages_of(response) == [f"Too late to cancel: {zoo['in_flight'].pk} is EXECUTING."]
+
+
+# --- permissions --------------------------------------------------------------------------
+
+
+def test_staff_without_the_cancel_permission_cannot_cancel(auditor_user, zoo):
+    payment = zoo["future"]
+    client = admin_client_for(auditor_user)
+    listing = client.get(CHANGELIST)
+    assert listing.status_code == 200  # the auditor reads
+    assert "cancel_selected" not in listing.content.decode()
+    assert 'name="cancel-payment"' not in client.get(change_url(payment)).content.decode()
+    cancel_action(client, payment)
+    assert client.post(cancel_url(payment)).status_code == 403
+    payment.refresh_from_db()
+    assert payment.status == PaymentStatus.SCHEDULED
+    assert not PaymentEvent.objects.filter(payment=payment, kind=PaymentEvent.Kind.CANCELLED).exists()
+
+
+def test_staff_without_any_permission_sees_nothing(zoo):
+    client = admin_client_for(UserFactory(is_staff=True))
+    assert client.get(CHANGELIST).status_code == 403
+    assert client.get(reverse("admin-dashboard")).status_code == 403
+
+
+def test_non_staff_cannot_enter(zoo):
+    user = zoo["future"].payer
+    client = admin_client_for(user)
+    login = reverse("admin:login")
+    for url in (CHANGELIST, change_url(zoo["future"]), reverse("admin-dashboard"), reverse("admin:index")):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith(login), url
+    response = client.post(cancel_url(zoo["future"]))
+    assert response.status_code == 302 and response["Location"].startswith(login)
+    zoo["future"].refresh_from_db()
+    assert zoo["future"].status == PaymentStatus.SCHEDULED
+
+
+def test_staff_groups_command_creates_support_and_auditor(staff_groups):
+    call_command("staff_groups", stdout=io.StringIO())  # idempotent
+    support = set(Group.objects.get(name="support").permissions.values_list("codename", flat=True))
+    auditor = set(Group.objects.get(name="auditor").permissions.values_list("codename", flat=True))
+    assert support == auditor | {"cancel_scheduledpayment"}
+    assert auditor == {
+        "view_scheduledpayment", "view_executionattempt", "view_paymentevent", "view_account", "view_transfer"
+    }
+
+
+# --- dashboard --------------------------------------------------------------------------
+
+
+def test_dashboard_is_linked_from_the_index(auditor_user):
+    html = admin_client_for(auditor_user).get(reverse("admin:index")).content.decode()
+    assert f'href="{reverse("admin-dashboard")}"' in html
+    assert f'href="{CHANGELIST}?due=overdue"' in html
+
+
+def test_dashboard_shows_counts_lag_chart_outcomes_and_leases(auditor_user, zoo, accounts):
+    a, b = accounts
+    minute = timezone.now().replace(second=0, microsecond=0)
+    for offset in (5, 5, 20):  # two in one minute, one in another; zoo["future"] is 30 minutes out
+        ScheduledPayment.objects.create(
+            payer=a.owner, from_account=a, to_account=b, amount=1,
+            execute_at=minute + timedelta(minutes=offset, seconds=30),
+        )
+    response = admin_client_for(auditor_user).get(reverse("admin-dashboard"))
+    assert response.status_code == 200
+    ctx = response.context
+    assert dict(ctx["counts"]) == {"SCHEDULED": 6, "EXECUTING": 2, "EXECUTED": 1, "FAILED": 1, "CANCELLED": 1}
+    assert ctx["health"].overdue == 1 and ctx["health"].leases_expired == 1
+    assert ctx["health"].oldest_due_age_seconds >= 100
+    assert ctx["outcomes"].executed == 1 and ctx["outcomes"].failed == {"insufficient_funds": 1}
+    chart = ctx["chart"]
+    assert (chart.total, chart.peak) == (4, 2)
+    html = response.content.decode()
+    start = html.index('<svg class="dp-chart"')
+    svg = html[start:html.index("</svg>", start)]
+    assert len(re.findall(r'<rect class="dp-bar"', svg)) == 3
+    assert "<script" not in svg
+    assert 'id="dp-leases-expired"' in html

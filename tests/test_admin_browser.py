@@ -1,0 +1,104 @@
+"""End to end in a real browser: headless Chromium (Debian's package) driven by Playwright
+against the live server. .ci/run installs Chromium where it is missing."""
+
+import os
+from contextlib import contextmanager
+
+import pytest
+from django.contrib.admin.utils import quote
+from django.urls import reverse
+from playwright.sync_api import expect, sync_playwright
+
+from payments.models import PaymentStatus
+from payments.services import payment_cancel
+from tests.factories import PASSWORD, UserFactory, funded_account, future_payment
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK),
+        reason=f"Chromium is not installed at {CHROMIUM} (apt-get install chromium; .ci/run does it)",
+    ),
+]
+
+
+@pytest.fixture
+def browser_settings(settings):
+    """The live server speaks plain HTTP: cookies must not be Secure-only (DJANGO_SECURE_COOKIES
+    off), and static files are served unhashed by the live server's static handler."""
+    settings.SESSION_COOKIE_SECURE = False
+    settings.CSRF_COOKIE_SECURE = False
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+
+
+@contextmanager
+def chromium_page(base_url: str):
+    """A page in headless Chromium. Playwright's sync API runs an event loop in this
+    thread, where Django refuses database calls: set data up before, assert after."""
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1440, "height": 900}, base_url=base_url)
+            context.set_default_timeout(15_000)
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staff_cancels_a_scheduled_payment_from_the_changelist(live_server, browser_settings, tmp_path):
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    source, target = funded_account(balance=100), funded_account()
+    keep = future_payment(source=source, target=target, minutes=30)
+    doomed = future_payment(source=source, target=target, minutes=40)
+    already = future_payment(source=source, target=target, minutes=50)
+    payment_cancel(payment_id=already.pk, actor=staff)
+
+    with chromium_page(live_server.url) as page:
+        page.goto("/admin/")
+        page.fill("#id_username", staff.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        expect(page.locator("#user-tools")).to_contain_text(staff.username)
+
+        page.goto(reverse("admin:payments_scheduledpayment_changelist"))
+        page.locator("#changelist-filter").get_by_role("link", name="Scheduled", exact=True).click()
+        page.wait_for_url("**status__exact=SCHEDULED**")
+        rows = page.locator("#result_list tbody tr")
+        expect(rows).to_have_count(2)
+        expect(page.locator("#result_list")).not_to_contain_text(already.pk)
+        page.screenshot(path=tmp_path / "changelist-scheduled.png", full_page=True)
+
+        page.check(f'input[name="_selected_action"][value="{doomed.pk}"]')
+        page.select_option('select[name="action"]', "cancel_selected")
+        page.get_by_role("button", name="Go").click()
+
+        expect(page.locator(".messagelist .success")).to_have_text(f"Cancelled: {doomed.pk}.")
+        expect(rows).to_have_count(1)  # still filtered to SCHEDULED: the cancelled one has left
+        expect(page.locator("#result_list")).to_contain_text(keep.pk)
+
+        page.goto(reverse("admin:payments_scheduledpayment_change", args=[quote(doomed.pk)]))
+        expect(page.locator(".dp-badge")).to_have_text("CANCELLED")
+        expect(page.locator("#events-group")).to_contain_text(f"user:{staff.pk}")
+        page.screenshot(path=tmp_path / "payment-cancelled.png", full_page=True)
+
+        page.goto(reverse("admin-dashboard"))
+        expect(page.locator("#dp-counts")).to_contain_text("CANCELLED")
+        page.screenshot(path=tmp_path / "dashboard.png", full_page=True)
+
+    doomed.refresh_from_db()
+    keep.refresh_from_db()
+    assert (doomed.status, keep.status) == (PaymentStatus.CANCELLED, PaymentStatus.SCHEDULED)
