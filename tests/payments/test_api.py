@@ -1,4 +1,3 @@
-import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -7,20 +6,11 @@ from django.utils import timezone
 from ledger.models import Account
 from payments.models import IdempotencyKey, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due
+from tests.api import future, post
 from tests.conftest import client_for
 from tests.factories import PASSWORD, UserFactory, due_payment, funded_account
 
 pytestmark = pytest.mark.django_db
-
-
-def future(seconds=3600) -> str:
-    return (timezone.now() + timedelta(seconds=seconds)).isoformat()
-
-
-def post(client, url, body, key=None, **headers):
-    if key is not None:
-        headers["HTTP_IDEMPOTENCY_KEY"] = key
-    return client.post(url, data=json.dumps(body), content_type="application/json", **headers)
 
 
 def test_token_exchange(user):
