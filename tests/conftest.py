@@ -1,3 +1,6 @@
+import os
+
+import hypothesis
 import pytest
 import redis
 from django.conf import settings
@@ -9,6 +12,13 @@ from delaypay.processes import Stack
 from ledger.models import ISSUANCE_ACCOUNT_ID, Account
 
 from .factories import UserFactory
+
+# Property-based tests run the same examples on every run ("ci", the default), so CI
+# cannot flake on a new random draw; HYPOTHESIS_PROFILE=explore draws fresh ones and keeps
+# failures in .hypothesis/ for the next run.
+hypothesis.settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+hypothesis.settings.register_profile("explore", deadline=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session", autouse=True)
