@@ -25,7 +25,7 @@ def test_unknown_paths_outside_the_api_keep_djangos_html(api):
     assert response.status_code == 404 and response["Content-Type"].startswith("text/html")
 
 
-@pytest.mark.parametrize("method", ["put", "patch"])
+@pytest.mark.parametrize("method", ["put", "patch", "options"])
 def test_a_wrong_method_is_405_json_with_allow(api, method):
     response = getattr(api, method)("/api/v1/payments/pay_X", {}, format="json")
     assert_error(response, 405, "method_not_allowed")
