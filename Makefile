@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 PORT ?= 8000
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test install services lint check-deploy
+.PHONY: run test install services lint check-deploy schema
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -47,3 +47,8 @@ lint: install
 # Production settings must pass Django's deployment checklist.
 check-deploy: install
 	DJANGO_DEBUG=0 DJANGO_SECRET_KEY=$$(head -c 48 /dev/urandom | base64) $(BIN)/python manage.py check --deploy --fail-level WARNING
+
+# The OpenAPI schema, validated (warnings are errors), written to var/openapi.yaml.
+schema: install
+	mkdir -p var
+	DJANGO_DEBUG=1 $(BIN)/python manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml

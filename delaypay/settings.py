@@ -141,8 +141,6 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "payments.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
-    # No OPTIONS self-description: the OpenAPI schema is the description (OPTIONS is 405).
-    "DEFAULT_METADATA_CLASS": None,
     # Per client address for the token endpoint, per user for every create endpoint.
     "DEFAULT_THROTTLE_RATES": {
         "token": _throttle_rate("DELAYPAY_THROTTLE_TOKEN", "20/min"),
