@@ -13,7 +13,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # sums them (README "Metrics"). The tests use their own (pyproject.toml).
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test install services lint check-deploy flower metrics-dir
+.PHONY: run test install services lint check-deploy flower metrics-dir schema
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -73,3 +73,8 @@ lint: install
 # Production settings must pass Django's deployment checklist.
 check-deploy: install
 	DJANGO_DEBUG=0 DJANGO_SECRET_KEY=$$(head -c 48 /dev/urandom | base64) $(BIN)/python manage.py check --deploy --fail-level WARNING
+
+# The OpenAPI schema, validated (warnings are errors), written to var/openapi.yaml.
+schema: install
+	mkdir -p var
+	DJANGO_DEBUG=1 $(BIN)/python manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml

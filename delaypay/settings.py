@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI assets served from our own static files (no CDN)
     "ledger",
     "payments",
 ]
@@ -129,29 +130,76 @@ X_FRAME_OPTIONS = "DENY"
 
 # --- REST framework -------------------------------------------------------------------
 
+# Request bodies above this are refused with 413 before they are parsed.
+DELAYPAY_MAX_BODY_BYTES = 64 * 1024
+
+
+def _throttle_rate(name: str, default: str) -> str | None:
+    """A DRF rate such as ``20/min``; ``off`` disables the throttle."""
+    value = env(name, default=default).strip()
+    return None if value.lower() in ("", "off", "none") else value
+
+
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
-    ],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["payments.api.authentication.TokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["payments.api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "payments.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
+    # Per client address for the token endpoint, per user for every create endpoint.
+    "DEFAULT_THROTTLE_RATES": {
+        "token": _throttle_rate("DELAYPAY_THROTTLE_TOKEN", "20/min"),
+        "create": _throttle_rate("DELAYPAY_THROTTLE_CREATE", "120/min"),
+    },
+    # Proxies in front of the web process whose X-Forwarded-For entries are trusted for
+    # the client address; 0 uses the socket's address (a client cannot spoof it).
+    "NUM_PROXIES": env.int("DELAYPAY_NUM_PROXIES", default=0),
 }
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "delaypay API",
-    "DESCRIPTION": "Schedule transfers of whole currency units between accounts at a future time.",
+    "DESCRIPTION": (
+        "Schedule transfers of whole currency units between accounts at a future time. "
+        "Every error has the shape {\"code\", \"detail\", ...}; see the Error schema."
+    ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "PaymentStatusEnum": "payments.models.PaymentStatus",
+        "AccountStatusEnum": "ledger.models.Account.Status",
+        "AccountKindEnum": "ledger.models.Account.Kind",
+        "AttemptOutcomeEnum": "payments.models.ExecutionAttempt.Outcome",
+        "ErrorCodeEnum": "payments.api.errors.ERROR_CODE_CHOICES",
+    },
+    "PATH_CONVERTER_OVERRIDES": {"public_id": {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}},
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
-# --- Celery (Redis is transport, never truth) ------------------------------------------
+# --- Redis: Celery's transport and the throttle cache, never truth -----------------
 
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = REDIS_URL
+
+# Throttle counters live here, shared by every web process (a per-process memory cache
+# would multiply every rate by the number of processes).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env("DELAYPAY_CACHE_URL", default=REDIS_URL),
+        "KEY_PREFIX": "delaypay",
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    }
+}
+
+# --- Celery ----------------------------------------------------------------------------
+
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_SERIALIZER = "json"

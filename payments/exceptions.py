@@ -60,3 +60,26 @@ class IdempotencyKeyInUse(DomainError):
     code = "idempotency_key_in_use"
     http_status = 409
     default_detail = "A request with this Idempotency-Key is still in progress; retry shortly."
+
+
+class PaymentCancelForbidden(DomainError):
+    """Staff may read any payment, but cancel another user's only with the cancel permission."""
+
+    code = "permission_denied"
+    http_status = 403
+    default_detail = "You may read this payment but not cancel it."
+
+
+class IdempotencyKeyRequired(DomainError):
+    code = "idempotency_key_required"
+    default_detail = "This request needs an Idempotency-Key header."
+
+
+class IdempotencyKeyInvalid(DomainError):
+    code = "idempotency_key_invalid"
+    default_detail = "Idempotency-Key must be 1 to 255 printable ASCII characters, bare or in double quotes."
+
+
+class InvalidCredentials(DomainError):
+    code = "invalid_credentials"
+    default_detail = "Unable to log in with the given username and password."

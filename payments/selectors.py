@@ -10,8 +10,12 @@ from django.db.models.functions import Now
 
 from ledger.models import Account
 
-from .exceptions import PaymentNotFound
+from .exceptions import PaymentCancelForbidden, PaymentNotFound
 from .models import ExecutionAttempt, Heartbeat, PaymentStatus, ScheduledPayment
+
+
+def _own(qs: QuerySet[ScheduledPayment], user) -> QuerySet[ScheduledPayment]:
+    return qs.filter(Q(payer=user) | Q(from_account__owner=user))
 
 
 def payment_visible_to(*, user) -> QuerySet[ScheduledPayment]:
@@ -20,21 +24,48 @@ def payment_visible_to(*, user) -> QuerySet[ScheduledPayment]:
     qs = ScheduledPayment.objects.all()
     if user.is_staff:
         return qs
-    return qs.filter(Q(payer=user) | Q(from_account__owner=user))
+    return _own(qs, user)
+
+
+def _with_attempts(qs: QuerySet[ScheduledPayment]) -> QuerySet[ScheduledPayment]:
+    return qs.prefetch_related(Prefetch("attempts", queryset=ExecutionAttempt.objects.order_by("attempt")))
 
 
 def payment_get(*, user, payment_id: str) -> ScheduledPayment:
     """One payment with its attempts; PaymentNotFound when it is not the user's to see
     (not 403: existence is not revealed)."""
-    payment = (
-        payment_visible_to(user=user)
-        .prefetch_related(Prefetch("attempts", queryset=ExecutionAttempt.objects.order_by("attempt")))
-        .filter(pk=payment_id)
-        .first()
-    )
+    payment = _with_attempts(payment_visible_to(user=user)).filter(pk=payment_id).first()
     if payment is None:
         raise PaymentNotFound()
     return payment
+
+
+def payment_list(*, user, status: str | None = None) -> QuerySet[ScheduledPayment]:
+    """The payments ``user`` may see (staff: all), with attempts, optionally in one status.
+    Unordered: the caller orders and paginates."""
+    qs = _with_attempts(payment_visible_to(user=user))
+    return qs.filter(status=status) if status else qs
+
+
+def payment_list_for_account(*, user, account_id: str, status: str | None = None) -> QuerySet[ScheduledPayment]:
+    """The payments ``user`` may see that debit or credit ``account_id``. For an owner
+    that is what the account pays out (incoming payments belong to their payers until
+    they execute and show up as transfers); staff see both directions."""
+    qs = payment_list(user=user, status=status)
+    return qs.filter(Q(from_account_id=account_id) | Q(to_account_id=account_id))
+
+
+def payment_authorize_cancel(*, user, payment_id: str) -> None:
+    """Raise unless ``user`` may cancel the payment: its payer or the owner of the account
+    it debits may; staff, who can read every payment, only with the
+    ``payments.cancel_scheduledpayment`` permission (else 403); anyone else gets 404."""
+    if _own(ScheduledPayment.objects.all(), user).filter(pk=payment_id).exists():
+        return
+    if user.is_staff and ScheduledPayment.objects.filter(pk=payment_id).exists():
+        if user.has_perm("payments.cancel_scheduledpayment"):
+            return
+        raise PaymentCancelForbidden()
+    raise PaymentNotFound()
 
 
 # --- Operational health: shared by the admin dashboard and the metrics endpoint -------

@@ -1,6 +1,7 @@
 import io
-from pathlib import Path
+import os
 
+import hypothesis
 import pytest
 import redis
 from django.conf import settings
@@ -15,12 +16,27 @@ from ledger.models import ISSUANCE_ACCOUNT_ID, Account
 
 from .factories import UserFactory
 
+# Property-based tests run the same examples on every run ("ci", the default), so CI
+# cannot flake on a new random draw; HYPOTHESIS_PROFILE=explore draws fresh ones and keeps
+# failures in .hypothesis/ for the next run.
+hypothesis.settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+hypothesis.settings.register_profile("explore", deadline=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _static_files():
-    """Production storage (WhiteNoise's manifest) needs collectstatic, as the release step runs."""
-    if not (Path(settings.STATIC_ROOT) / "staticfiles.json").exists():
-        call_command("collectstatic", interactive=False, verbosity=0)
+    """Production storage (WhiteNoise's manifest) needs collectstatic, as the release step
+    runs. Always run (it only copies what changed) so a manifest from before an app
+    with static files was added cannot go stale."""
+    call_command("collectstatic", interactive=False, verbosity=0)
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache():
+    """Throttle counters live in the cache (Redis, the tests' database): start every test
+    from zero so one test's requests never throttle another's."""
+    flush_test_redis(settings.CACHES["default"]["LOCATION"])
 
 
 @pytest.fixture(autouse=True)
@@ -75,9 +91,9 @@ def staff_api(staff_user):
     return client_for(staff_user)
 
 
-def flush_test_redis() -> None:
+def flush_test_redis(url: str | None = None) -> None:
     """Empty the Redis database the tests use (never database 0, which `make run` uses)."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis.Redis.from_url(url or settings.REDIS_URL)
     if client.connection_pool.connection_kwargs.get("db", 0) == 0:
         raise RuntimeError("refusing to flush Redis database 0: point REDIS_URL at a test database")
     client.flushdb()

@@ -4,6 +4,7 @@ Domain exceptions and DRF's own exceptions are mapped to HTTP here and only here
 """
 
 import logging
+import math
 
 from django.http import Http404, JsonResponse
 from django.views import defaults
@@ -13,9 +14,38 @@ from rest_framework.views import set_rollback
 
 from payments.exceptions import DomainError
 
+from .parsers import PayloadTooLarge
+
 logger = logging.getLogger(__name__)
 
+# Every code a client can see, with when. The OpenAPI schema publishes this as the
+# Error schema's enum; tests check that every code the code base raises is listed here.
+ERROR_CODES: dict[str, str] = {
+    "validation_error": "The body or query failed validation; `fields` says which field and why.",
+    "parse_error": "The body is not valid JSON (or has duplicate keys).",
+    "not_authenticated": "No token, or an invalid one (401).",
+    "invalid_credentials": "Wrong username or password at /auth/token.",
+    "permission_denied": "Authenticated but not allowed (403), e.g. a deposit by a non-staff user.",
+    "not_found": "No such resource, or not yours to see (404: existence is not revealed).",
+    "method_not_allowed": "The path exists but not with this method (405).",
+    "not_acceptable": "The Accept header excludes application/json (406).",
+    "unsupported_media_type": "The body is not application/json (415).",
+    "payload_too_large": "The body is over 64 KiB (413).",
+    "throttled": "Too many requests; `retry_after` and the Retry-After header say when to retry (429).",
+    "idempotency_key_required": "POST without an Idempotency-Key header.",
+    "idempotency_key_invalid": "The Idempotency-Key is not 1-255 printable ASCII characters.",
+    "idempotency_key_reused": "The Idempotency-Key was used before with a different request (409).",
+    "idempotency_key_in_use": "A request with this Idempotency-Key is still running; retry (409).",
+    "payment_not_cancellable": "The payment was already claimed or finished; `status` says which (409).",
+    "deposit_rejected": "The ledger refused the deposit, e.g. the account is closed (409).",
+    "bad_request": "A request Django itself refused, e.g. an unknown Host header (400).",
+    "server_error": "A bug on our side (500); the request may be retried with the same Idempotency-Key.",
+}
+
+ERROR_CODE_CHOICES = list(ERROR_CODES.items())
+
 _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
+    (PayloadTooLarge, "payload_too_large"),
     (exceptions.NotAuthenticated, "not_authenticated"),
     (exceptions.AuthenticationFailed, "not_authenticated"),
     (exceptions.PermissionDenied, "permission_denied"),
@@ -56,17 +86,20 @@ def exception_handler(exc, context):
     set_rollback()
     code = next((c for cls, c in _DRF_CODES if isinstance(exc, cls)), "error")
     headers = {}
+    extra = {}
     if getattr(exc, "auth_header", None):
         headers["WWW-Authenticate"] = exc.auth_header
     if getattr(exc, "wait", None) is not None:
-        headers["Retry-After"] = str(int(exc.wait) + 1)
+        retry_after = max(1, math.ceil(exc.wait))
+        headers["Retry-After"] = str(retry_after)
+        extra["retry_after"] = retry_after
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)
         if not isinstance(fields, dict):
             fields = {"non_field_errors": fields}
         body = error_body(code, "Invalid input.", fields=fields)
     else:
-        body = error_body(code, str(exc.detail))
+        body = error_body(code, str(exc.detail), **extra)
     response = Response(body, status=exc.status_code, headers=headers)
     # DRF drops WWW-Authenticate when status is 403; our 401s keep it.
     if exc.status_code == status.HTTP_401_UNAUTHORIZED and "WWW-Authenticate" not in response:

@@ -1,12 +1,34 @@
-from django.urls import path
+from django.urls import path, register_converter
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from . import views
+
+
+class PublicIdConverter:
+    """Public ids (``pay_...``, ``acc_...``): anything else is a 404 before any view runs."""
+
+    regex = "[A-Za-z0-9_]{1,64}"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(PublicIdConverter, "public_id")
 
 urlpatterns = [
     path("auth/token", views.TokenView.as_view(), name="auth-token"),
     path("accounts", views.AccountListCreateView.as_view(), name="account-list"),
-    path("accounts/<str:account_id>", views.AccountDetailView.as_view(), name="account-detail"),
-    path("accounts/<str:account_id>/deposits", views.DepositView.as_view(), name="account-deposits"),
+    path("accounts/<public_id:account_id>", views.AccountDetailView.as_view(), name="account-detail"),
+    path("accounts/<public_id:account_id>/deposits", views.DepositView.as_view(), name="account-deposits"),
+    path("accounts/<public_id:account_id>/payments", views.AccountPaymentListView.as_view(), name="account-payments"),
+    path(
+        "accounts/<public_id:account_id>/transfers", views.AccountTransferListView.as_view(), name="account-transfers"
+    ),
     path("payments", views.PaymentListCreateView.as_view(), name="payment-list"),
-    path("payments/<str:payment_id>", views.PaymentDetailView.as_view(), name="payment-detail"),
+    path("payments/<public_id:payment_id>", views.PaymentDetailView.as_view(), name="payment-detail"),
+    path("schema", SpectacularAPIView.as_view(), name="schema"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]

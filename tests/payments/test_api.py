@@ -1,26 +1,17 @@
-import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.utils import timezone
 
 from ledger.models import Account
+from payments.execution import execute_batch
 from payments.models import IdempotencyKey, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due
+from tests.api import future, post
 from tests.conftest import client_for
 from tests.factories import PASSWORD, UserFactory, due_payment, funded_account
 
 pytestmark = pytest.mark.django_db
-
-
-def future(seconds=3600) -> str:
-    return (timezone.now() + timedelta(seconds=seconds)).isoformat()
-
-
-def post(client, url, body, key=None, **headers):
-    if key is not None:
-        headers["HTTP_IDEMPOTENCY_KEY"] = key
-    return client.post(url, data=json.dumps(body), content_type="application/json", **headers)
 
 
 def test_token_exchange(user):
@@ -190,3 +181,35 @@ def test_two_users_may_use_the_same_key():
         assert response.status_code == 201
         assert "Idempotent-Replayed" not in response
     assert ScheduledPayment.objects.count() == 2
+
+
+def _run_due_payments():
+    claim = claim_due(batch=100, lease_seconds=60)
+    execute_batch(pairs=claim.fresh + claim.reclaimed, worker="test-worker")
+
+
+@pytest.mark.parametrize(("balance", "final"), [(5, PaymentStatus.EXECUTED), (4, PaymentStatus.FAILED)])
+def test_a_finished_payment_cannot_be_cancelled(api, user, balance, final):
+    source, target = funded_account(owner=user, balance=balance), funded_account()
+    payment = due_payment(source=source, target=target, amount=5)
+    _run_due_payments()
+    response = api.delete(f"/api/v1/payments/{payment.id}")
+    assert response.status_code == 409
+    assert response.json()["code"] == "payment_not_cancellable"
+    assert response.json()["status"] == final
+    assert ScheduledPayment.objects.get(pk=payment.id).status == final
+
+
+def test_a_failed_payment_carries_its_reason_and_every_payment_its_attempts(api, user):
+    source, target = funded_account(owner=user, balance=1), funded_account()
+    failed = due_payment(source=source, target=target, amount=5)
+    _run_due_payments()
+    body = api.get(f"/api/v1/payments/{failed.id}").json()
+    assert body["status"] == "FAILED"
+    assert body["failure_reason"] == "insufficient_funds"
+    assert body["executed_at"] is None
+    [attempt] = body["attempts"]
+    assert attempt["attempt"] == 1 and attempt["outcome"] == "failed"
+    assert attempt["started_at"].endswith("Z") and attempt["finished_at"].endswith("Z")
+    listed = api.get("/api/v1/payments", {"status": "FAILED"}).json()["items"]
+    assert [p["attempts"] for p in listed] == [body["attempts"]]

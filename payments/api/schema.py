@@ -1,0 +1,106 @@
+"""OpenAPI pieces shared by the views: the one error shape, the error responses each
+operation can give, the Idempotency-Key header and the page envelope."""
+
+from functools import cache
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, inline_serializer
+from rest_framework import serializers
+
+from payments.models import PaymentStatus
+
+from .errors import ERROR_CODE_CHOICES
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every 4xx and 5xx body: `code` is stable and machine-readable, `detail` is for people."""
+
+    def get_fields(self):
+        # "fields" cannot be a declared attribute: it would shadow Serializer.fields.
+        return {
+            "code": serializers.ChoiceField(choices=ERROR_CODE_CHOICES, help_text="Stable snake_case error code."),
+            "detail": serializers.CharField(help_text="A human sentence; may change."),
+            "fields": serializers.DictField(
+                child=serializers.ListField(child=serializers.CharField()),
+                required=False,
+                help_text="validation_error only: messages per field (body field or query parameter).",
+            ),
+            "status": serializers.ChoiceField(
+                choices=PaymentStatus.choices,
+                required=False,
+                help_text="payment_not_cancellable only: the payment's current status.",
+            ),
+            "retry_after": serializers.IntegerField(
+                required=False, min_value=1, help_text="throttled only: seconds to wait, as Retry-After."
+            ),
+        }
+
+
+_WHEN = {
+    400: "Invalid request: validation_error (with `fields`), parse_error, or an idempotency_key_* code.",
+    401: "not_authenticated: missing or invalid token.",
+    403: "permission_denied.",
+    404: "not_found: no such resource, or not yours (existence is not revealed).",
+    406: "not_acceptable: the Accept header excludes application/json.",
+    409: "A conflict; see `code`.",
+    413: "payload_too_large: the body is over 64 KiB.",
+    415: "unsupported_media_type: the body must be application/json.",
+    429: "throttled: retry after `retry_after` seconds (also the Retry-After header).",
+}
+
+
+def errors(*statuses: int, **descriptions: str) -> dict[int, OpenApiResponse]:
+    """Error responses for ``statuses``; ``descriptions`` (``e409="..."``) override the defaults."""
+    return {
+        status: OpenApiResponse(ErrorSerializer, description=descriptions.get(f"e{status}", _WHEN[status]))
+        for status in sorted(statuses)
+    }
+
+
+READ = (401, 406)  # every authenticated operation
+WRITE = (400, 401, 406, 413, 415)  # every operation with a JSON body
+
+RETRY_AFTER = OpenApiParameter(
+    "Retry-After", int, OpenApiParameter.HEADER, response=[429], description="Seconds to wait before retrying."
+)
+WWW_AUTHENTICATE = OpenApiParameter(
+    "WWW-Authenticate", str, OpenApiParameter.HEADER, response=[401], description="`Token` challenge."
+)
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=True,
+    # Bare form; the quoted form ("...", an RFC 8941 string) is accepted too.
+    pattern=r"^[!#-~](?:[ -~]{0,253}[!#-~])?$",
+    description=(
+        "1-255 printable ASCII characters, bare or in double quotes, unique per request you mean "
+        "to make once (a UUID is a good choice). Scoped to your user and kept at least 24 hours. "
+        "Repeating a request with the same key and the same body replays the first response "
+        "byte for byte with `Idempotent-Replayed: true` and creates nothing; the same key with a "
+        "different body is 409 idempotency_key_reused; while the first is still running, 409 "
+        "idempotency_key_in_use. A request rejected with 4xx stores nothing: fix it and reuse the key."
+    ),
+)
+IDEMPOTENT_REPLAYED = OpenApiParameter(
+    "Idempotent-Replayed",
+    str,
+    OpenApiParameter.HEADER,
+    enum=["true"],
+    response=[201],
+    description="Present on a replayed response.",
+)
+
+
+@cache  # one component per name, however many operations use it
+def page_of(serializer_class, name: str):
+    """The list envelope: ``{"items": [...], "next_cursor": "<opaque>" | null}``."""
+    return inline_serializer(
+        name=name,
+        fields={
+            "items": serializer_class(many=True),
+            "next_cursor": serializers.CharField(
+                allow_null=True, help_text="Pass as `cursor` for the next page; null on the last page."
+            ),
+        },
+    )

@@ -1,0 +1,26 @@
+"""Delete Idempotency-Key records older than the retention (24 hours at least).
+
+Run it from cron or any scheduler, e.g. hourly: ``python manage.py purge_idempotency_keys``.
+"""
+
+from datetime import timedelta
+
+from django.core.management.base import BaseCommand, CommandError
+
+from payments.idempotency import KEY_RETENTION, idempotency_keys_purge
+
+
+class Command(BaseCommand):
+    help = "Delete Idempotency-Key records older than --hours (default and minimum 24)."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--hours", type=float, default=KEY_RETENTION.total_seconds() / 3600,
+            help="Age in hours above which keys are deleted (at least 24).",
+        )
+
+    def handle(self, *args, hours: float, **options):
+        if hours < KEY_RETENTION.total_seconds() / 3600:
+            raise CommandError("Keys are kept at least 24 hours: --hours must be 24 or more.")
+        deleted = idempotency_keys_purge(older_than=timedelta(hours=hours))
+        self.stdout.write(f"deleted {deleted} idempotency keys older than {hours:g} hours")

@@ -1,0 +1,129 @@
+"""One error shape everywhere: DRF's errors, ours, and Django's own (404/400/500)."""
+
+import logging
+
+import pytest
+from rest_framework import exceptions as drf_exceptions
+
+from payments import exceptions as domain
+from payments.api import errors
+from payments.api.parsers import PayloadTooLarge
+from tests.api import assert_error, payment_body, post
+from tests.conftest import client_for
+from tests.factories import UserFactory, funded_account
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("path", ["/api/v1/nope", "/api/v1/payments/", "/api/v1/payments/pay-with-dash", "/api/v2/x"])
+def test_unknown_api_paths_are_404_json(api, path):
+    assert_error(api.get(path), 404, "not_found")
+
+
+def test_unknown_paths_outside_the_api_keep_djangos_html(api):
+    response = api.get("/nope")
+    assert response.status_code == 404 and response["Content-Type"].startswith("text/html")
+
+
+@pytest.mark.parametrize("method", ["put", "patch", "options"])
+def test_a_wrong_method_is_405_json_with_allow(api, method):
+    response = getattr(api, method)("/api/v1/payments/pay_X", {}, format="json")
+    assert_error(response, 405, "method_not_allowed")
+    assert response["Allow"] == "GET, DELETE, HEAD"
+
+
+def test_an_accept_header_without_json_is_406_json(api):
+    response = api.get("/api/v1/accounts", HTTP_ACCEPT="text/html")
+    assert_error(response, 406, "not_acceptable")
+
+
+def test_token_endpoint_errors_have_the_shape_too():
+    anonymous = client_for(None)
+    assert_error(post(anonymous, "/api/v1/auth/token", {"username": "x", "password": "y"}), 400,
+                 "invalid_credentials")
+    assert_error(post(anonymous, "/api/v1/auth/token", {"username": "x"}), 400, "validation_error")
+    assert_error(post(anonymous, "/api/v1/auth/token", '{"a": ' + " " * 70_000 + "1}"), 413, "payload_too_large")
+    response = anonymous.generic("POST", "/api/v1/auth/token", "username=x", content_type="text/plain")
+    assert_error(response, 415, "unsupported_media_type")
+
+
+def test_a_disallowed_host_is_djangos_400_in_the_error_shape(api):
+    assert_error(api.get("/api/v1/accounts", HTTP_HOST="evil.example"), 400, "bad_request")
+
+
+@pytest.mark.urls("tests.payments.urls_broken")
+def test_an_unhandled_error_is_a_500_in_the_error_shape(caplog):
+    client = client_for(None)
+    client.raise_request_exception = False
+    with caplog.at_level(logging.CRITICAL, logger="django.request"):
+        assert_error(client.get("/api/v1/broken"), 500, "server_error")
+        assert client.get("/broken")["Content-Type"].startswith("text/html")
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def test_every_code_the_code_base_raises_is_in_the_published_catalog():
+    raised = {c.code for c in _subclasses(domain.DomainError)} | {code for _, code in errors._DRF_CODES}
+    raised |= {"bad_request", "server_error", PayloadTooLarge.default_code}
+    assert raised <= set(errors.ERROR_CODES), raised - set(errors.ERROR_CODES)
+    # Every DRF exception a view can raise maps to a specific code, never the fallback.
+    for exc in (drf_exceptions.NotAuthenticated, drf_exceptions.Throttled, drf_exceptions.ParseError):
+        assert errors.exception_handler(exc(), {}).data["code"] != "error"
+
+
+# --- throttling -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def low_rates(settings):
+    rates = {"token": "2/min", "create": "3/min"}
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}
+
+
+def assert_throttled(response) -> None:
+    body = assert_error(response, 429, "throttled")
+    retry_after = int(response["Retry-After"])
+    assert 1 <= retry_after <= 60
+    assert body["retry_after"] == retry_after
+
+
+def test_the_token_endpoint_is_throttled_per_client_address(low_rates, user):
+    client = client_for(None)
+    creds = {"username": user.username, "password": "wrong"}
+    for _ in range(2):
+        assert post(client, "/api/v1/auth/token", creds).status_code == 400
+    assert_throttled(post(client, "/api/v1/auth/token", creds))
+    # A forged X-Forwarded-For does not buy a fresh budget (no proxy is trusted by default).
+    assert_throttled(post(client, "/api/v1/auth/token", creds, HTTP_X_FORWARDED_FOR="203.0.113.9"))
+    assert post(client, "/api/v1/auth/token", creds, REMOTE_ADDR="198.51.100.7").status_code == 400
+
+
+def test_create_endpoints_are_throttled_per_user_and_a_throttled_request_creates_nothing(low_rates, api, user):
+    source, target = funded_account(owner=user, balance=100), funded_account()
+    for i in range(3):
+        assert post(api, "/api/v1/payments", payment_body(source, target), key=f"k{i}").status_code == 201
+    assert_throttled(post(api, "/api/v1/payments", payment_body(source, target), key="k3"))
+    assert_throttled(post(api, "/api/v1/accounts", {"name": "more"}))
+    assert api.get("/api/v1/payments").json()["items"].__len__() == 3  # reads are not throttled
+    other = UserFactory()
+    assert post(client_for(other), "/api/v1/accounts", {"name": "theirs"}).status_code == 201
+
+
+def test_throttling_fails_open_when_the_cache_is_down(low_rates, settings, api, user, caplog):
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                   "LOCATION": "redis://127.0.0.1:1/1"}}
+    source, target = funded_account(owner=user, balance=100), funded_account()
+    with caplog.at_level(logging.WARNING, logger="payments.api.throttling"):
+        for i in range(5):
+            assert post(api, "/api/v1/payments", payment_body(source, target), key=f"k{i}").status_code == 201
+    assert "throttle cache unavailable" in caplog.text
+
+
+def test_a_rate_of_off_disables_a_throttle(settings, api):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"token": None, "create": None}}
+    for i in range(5):
+        assert post(api, "/api/v1/accounts", {"name": f"a{i}"}).status_code == 201

@@ -1,0 +1,99 @@
+"""The OpenAPI schema and the Swagger UI: served without a token, valid, complete."""
+
+import json
+
+import pytest
+import yaml
+from django.core.management import call_command
+
+from payments.api import urls as api_urls
+from tests.conftest import client_for
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def schema():
+    response = client_for(None).get("/api/v1/schema", {"format": "json"})
+    assert response.status_code == 200
+    return json.loads(response.content)
+
+
+def operations(schema):
+    for path, item in schema["paths"].items():
+        for method, operation in item.items():
+            yield path, method, operation
+
+
+def test_the_schema_is_served_anonymously_as_openapi_3(db):
+    response = client_for(None).get("/api/v1/schema")
+    assert response.status_code == 200
+    assert yaml.safe_load(response.content)["openapi"].startswith("3.")
+
+
+def test_the_schema_validates_without_warnings(tmp_path):
+    # The same check as `manage.py spectacular --validate --fail-on-warn` (see the Makefile).
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
+
+
+def test_every_api_route_is_in_the_schema(schema):
+    routes = {str(p.pattern) for p in api_urls.urlpatterns} - {"schema", "docs"}
+    documented = {p.removeprefix("/api/v1/").replace("{", "<public_id:").replace("}", ">") for p in schema["paths"]}
+    assert documented == routes
+
+
+def test_every_error_response_is_the_error_shape(schema):
+    for path, method, operation in operations(schema):
+        for status, response in operation["responses"].items():
+            if int(status) >= 400:
+                ref = response["content"]["application/json"]["schema"]["$ref"]
+                assert ref == "#/components/schemas/Error", (path, method, status)
+    error = schema["components"]["schemas"]["Error"]
+    assert set(error["required"]) == {"code", "detail"}
+    assert {"fields", "status", "retry_after"} <= set(error["properties"])
+
+
+def test_every_authenticated_operation_documents_401_and_its_other_errors(schema):
+    for path, method, operation in operations(schema):
+        statuses = set(operation["responses"])
+        if path == "/api/v1/auth/token":
+            assert operation.get("security") in (None, [])
+            assert "401" not in statuses
+            continue
+        assert operation["security"] == [{"tokenAuth": []}], (path, method)
+        assert "401" in statuses, (path, method)
+        if "requestBody" in operation:
+            assert {"400", "413", "415"} <= statuses, (path, method)
+        if "{" in path:
+            assert "404" in statuses, (path, method)
+
+
+def test_idempotent_creates_require_the_idempotency_key_header(schema):
+    creates = {(p, m) for p, m, _ in operations(schema) if m == "post"}
+    keyed = {
+        (p, m)
+        for p, m, o in operations(schema)
+        for param in o.get("parameters", [])
+        if param["in"] == "header" and param["name"] == "Idempotency-Key" and param["required"]
+    }
+    assert keyed == {("/api/v1/payments", "post"), ("/api/v1/accounts/{account_id}/deposits", "post")}
+    assert creates > keyed
+    for path, method in keyed:
+        responses = schema["paths"][path][method]["responses"]
+        assert "Idempotent-Replayed" in responses["201"]["headers"]
+        assert "Retry-After" in responses["429"]["headers"]
+
+
+def test_the_docs_page_serves_swagger_ui_from_our_own_static_files():
+    client = client_for(None)
+    page = client.get("/api/v1/docs")
+    assert page.status_code == 200 and page["Content-Type"].startswith("text/html")
+    html = page.content.decode()
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle" in html
+    assert "cdn." not in html and "unpkg" not in html
+    assert "/api/v1/schema" in html
+    start = html.index("/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle")
+    asset = html[start : html.index('"', start)]
+    response = client.get(asset)
+    assert response.status_code == 200
+    assert b"SwaggerUIBundle" in b"".join(response.streaming_content)
