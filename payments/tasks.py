@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 
 from . import execution, promoter
+from .recurring import recurring_generate_due
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,9 @@ def _execute_in_process(pairs) -> None:
 
 @shared_task(name="payments.tasks.promoter_tick", ignore_result=True, acks_late=False)
 def promoter_tick() -> dict:
-    """Claim due payments and publish them (beat sends this every second)."""
+    """Generate due recurring occurrences, then claim due payments and publish them
+    (beat sends this every second)."""
+    recurring_generate_due()
     result = promoter.promoter_tick(publish=publish_messages, execute_in_process=_execute_in_process)
     if result.claimed:
         logger.info(
