@@ -255,6 +255,7 @@ DELAYPAY_MAX_ATTEMPTS = env.int("DELAYPAY_MAX_ATTEMPTS", default=5)
 DELAYPAY_MAX_AMOUNT = env.int("DELAYPAY_MAX_AMOUNT", default=10**12)
 DELAYPAY_MAX_SCHEDULE_DAYS = env.int("DELAYPAY_MAX_SCHEDULE_DAYS", default=365)
 DELAYPAY_TRANSIENT_RETRIES = env.int("DELAYPAY_TRANSIENT_RETRIES", default=5)
+DELAYPAY_MIN_RECURRING_INTERVAL = env.int("DELAYPAY_MIN_RECURRING_INTERVAL", default=60)
 
 # --- Operations: metrics, readiness, logs (README "Operations") --------------------
 

@@ -45,6 +45,39 @@ class PaymentNotCancellable(DomainError):
         self.status = status
 
 
+class PaymentNotEditable(DomainError):
+    code = "payment_not_editable"
+    http_status = 409
+
+    def __init__(self, status: str):
+        super().__init__(f"The payment is {status} and can no longer be changed.", status=status)
+        self.status = status
+
+
+class VersionMismatch(DomainError):
+    code = "version_mismatch"
+    http_status = 412
+
+    def __init__(self, version: int):
+        super().__init__("The payment changed since you read it (If-Match does not match).", version=version)
+        self.version = version
+
+
+class RecurringNotFound(DomainError):
+    code = "not_found"
+    http_status = 404
+    default_detail = "No such recurring payment."
+
+
+class RecurringStateError(DomainError):
+    code = "recurring_not_editable"
+    http_status = 409
+
+    def __init__(self, status: str):
+        super().__init__(f"The recurring payment is {status}.", status=status)
+        self.status = status
+
+
 class DepositRejected(DomainError):
     code = "deposit_rejected"
     http_status = 409

@@ -52,7 +52,8 @@ class BatchResult:
 
 
 LOCK_SQL = """
-SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at
+SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
+       coalesce(p.execute_at + p.expires_after < now(), false) AS expired
   FROM payments_scheduledpayment p
   JOIN unnest(%s::text[], %s::int[]) AS m(id, attempt) ON m.id = p.id AND m.attempt = p.attempt
  WHERE p.status = 'EXECUTING'
@@ -111,18 +112,20 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
 
         # Due order decides who gets the money when several payments share a payer.
         rows.sort(key=lambda r: (r[5], r[0]))
-        live = [r for r in rows if r[1] <= max_attempts]
-        exhausted = [r for r in rows if r[1] > max_attempts]
+        # Some payments end without an apply: claimed more times than allowed (their
+        # worker keeps dying or their messages keep getting lost), or past their
+        # expires_after deadline. The guard still comes first: a transfer means executed.
+        ending = {
+            r[0]: FailureReason.ATTEMPTS_EXHAUSTED.value if r[1] > max_attempts else FailureReason.EXPIRED.value
+            for r in rows
+            if r[1] > max_attempts or r[7]
+        }
+        live = [r for r in rows if r[0] not in ending]
         outcomes = ledger_post_batch(
             postings=[Posting(key=r[0], debit_account_id=r[2], credit_account_id=r[3], amount=r[4]) for r in live]
         )
-        if exhausted:
-            # Claimed more times than allowed (its worker keeps dying, or its messages
-            # keep getting lost): it ends now. The guard still comes first: if its
-            # transfer exists, it executed.
-            cur.execute(
-                "SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)", [[r[0] for r in exhausted]]
-            )
+        if ending:
+            cur.execute("SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)", [list(ending)])
             moved = dict(cur.fetchall())
         else:
             moved = {}
@@ -153,14 +156,18 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
             else:
                 finish(row, PaymentStatus.FAILED, post.outcome.value, None, ExecutionAttempt.Outcome.FAILED)
                 result.failed[row[0]] = post.outcome.value
-        for row in exhausted:
+        for row in (r for r in rows if r[0] in ending):
             if row[0] in moved:
                 finish(row, PaymentStatus.EXECUTED, "", moved[row[0]], ExecutionAttempt.Outcome.ALREADY_APPLIED)
                 result.already_applied.append(row[0])
             else:
-                reason = FailureReason.ATTEMPTS_EXHAUSTED.value
-                finish(row, PaymentStatus.FAILED, reason, None, ExecutionAttempt.Outcome.FAILED,
-                       f"claimed {row[1]} times; the limit is {max_attempts}")
+                reason = ending[row[0]]
+                detail = (
+                    f"claimed {row[1]} times; the limit is {max_attempts}"
+                    if reason == FailureReason.ATTEMPTS_EXHAUSTED
+                    else "could not start by execute_at + expires_after"
+                )
+                finish(row, PaymentStatus.FAILED, reason, None, ExecutionAttempt.Outcome.FAILED, detail)
                 result.failed[row[0]] = reason
 
         if ids:

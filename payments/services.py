@@ -1,6 +1,7 @@
-"""Payment writes: schedule and cancel. Every state change is a conditional UPDATE
-(compare-and-set) plus its audit event, in one transaction."""
+"""Payment writes: schedule, update and cancel. Every state change is a conditional
+UPDATE (compare-and-set) plus its audit event, in one transaction."""
 
+import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -11,8 +12,17 @@ from django.db.models.functions import Now
 
 from ledger.models import Account
 
-from .exceptions import PaymentNotCancellable, PaymentNotFound, PaymentValidationError
+from .exceptions import (
+    PaymentNotCancellable,
+    PaymentNotEditable,
+    PaymentNotFound,
+    PaymentValidationError,
+    VersionMismatch,
+)
 from .models import Heartbeat, PaymentEvent, PaymentStatus, ScheduledPayment
+
+MAX_JITTER_SECONDS = 3600
+MAX_EXPIRES_AFTER = timedelta(days=365)
 
 
 def actor_label(user) -> str:
@@ -26,6 +36,88 @@ def db_now() -> datetime:
         return cur.fetchone()[0]
 
 
+def _check_amount(amount, errors: dict[str, list[str]]) -> None:
+    if type(amount) is not int or not 1 <= amount <= settings.DELAYPAY_MAX_AMOUNT:
+        errors.setdefault("amount", []).append(f"Must be an integer between 1 and {settings.DELAYPAY_MAX_AMOUNT}.")
+
+
+def _check_execute_at(execute_at: datetime, errors: dict[str, list[str]], *, field: str = "execute_at") -> None:
+    """Strictly after the database clock and at most DELAYPAY_MAX_SCHEDULE_DAYS ahead."""
+    if execute_at.tzinfo is None:
+        errors.setdefault(field, []).append("Must carry an explicit UTC offset.")
+        return
+    now = db_now()
+    if execute_at <= now:
+        errors.setdefault(field, []).append("Must be in the future.")
+    elif execute_at > now + timedelta(days=settings.DELAYPAY_MAX_SCHEDULE_DAYS):
+        errors.setdefault(field, []).append(f"Must be at most {settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead.")
+
+
+def check_accounts(*, payer, from_account_id: str, to_account_id: str, errors: dict[str, list[str]]) -> None:
+    """The payer owns an active source; the target exists and is not closed."""
+    if from_account_id == to_account_id:
+        errors.setdefault("to_account", []).append("Must differ from from_account.")
+    accounts = {a.id: a for a in Account.objects.filter(pk__in=[from_account_id, to_account_id])}
+    source = accounts.get(from_account_id)
+    if source is None or source.owner_id != payer.pk:
+        errors.setdefault("from_account", []).append("No such account of yours.")
+    elif source.status != Account.Status.ACTIVE:
+        errors.setdefault("from_account", []).append(f"The account is {source.status}.")
+    target = accounts.get(to_account_id)
+    if target is None:
+        errors.setdefault("to_account", []).append("No such account.")
+    elif target.status == Account.Status.CLOSED:
+        errors.setdefault("to_account", []).append("The account is closed.")
+
+
+def with_jitter(requested: datetime, jitter_seconds: int) -> datetime:
+    """Uniform in [requested, requested + jitter], never earlier than requested."""
+    if not jitter_seconds:
+        return requested
+    return requested + timedelta(microseconds=random.randint(0, jitter_seconds * 1_000_000))
+
+
+def create_payment_row(
+    *,
+    payer,
+    from_account_id: str,
+    to_account_id: str,
+    amount: int,
+    execute_at: datetime,
+    jitter_seconds: int = 0,
+    expires_after: timedelta | None = None,
+    recurring_id: str | None = None,
+    occurrence_at: datetime | None = None,
+    actor: str | None = None,
+) -> ScheduledPayment:
+    """Insert a SCHEDULED payment and its ``created`` event (caller's transaction).
+    No validation: callers have done it (the API) or own the terms (a recurring rule)."""
+    payment = ScheduledPayment.objects.create(
+        payer=payer,
+        from_account_id=from_account_id,
+        to_account_id=to_account_id,
+        amount=amount,
+        execute_at=with_jitter(execute_at, jitter_seconds),
+        requested_execute_at=execute_at,
+        jitter_seconds=jitter_seconds,
+        expires_after=expires_after,
+        recurring_id=recurring_id,
+        occurrence_at=occurrence_at,
+    )
+    data = {"amount": amount, "execute_at": payment.execute_at.isoformat()}
+    if recurring_id:
+        data["recurring_id"] = recurring_id
+    PaymentEvent.objects.create(
+        payment=payment,
+        kind=PaymentEvent.Kind.CREATED,
+        to_status=PaymentStatus.SCHEDULED,
+        actor=actor or actor_label(payer),
+        actor_user=payer if actor is None else None,
+        data=data,
+    )
+    return payment
+
+
 def payment_schedule(
     *,
     payer,
@@ -33,66 +125,127 @@ def payment_schedule(
     to_account_id: str,
     amount: int,
     execute_at: datetime,
+    jitter_seconds: int = 0,
+    expires_after: timedelta | None = None,
 ) -> ScheduledPayment:
-    """Record a payment to run at ``execute_at``; funds are checked at execution time.
+    """Record a payment to run at ``execute_at`` (plus up to ``jitter_seconds``, drawn
+    now); funds are checked at execution time.
 
     Raises PaymentValidationError (with per-field messages) for rules that need the
     database: account ownership and state, and ``execute_at`` against the database
-    clock. Must be called inside a transaction when the caller needs atomicity with
-    other writes (an idempotency key); it opens its own otherwise.
+    clock. Runs in the caller's transaction when there is one (an idempotency key).
     """
     errors: dict[str, list[str]] = {}
-    if type(amount) is not int or not 1 <= amount <= settings.DELAYPAY_MAX_AMOUNT:
-        errors.setdefault("amount", []).append(
-            f"Must be an integer between 1 and {settings.DELAYPAY_MAX_AMOUNT}."
-        )
-    if execute_at.tzinfo is None:
-        errors.setdefault("execute_at", []).append("Must carry an explicit UTC offset.")
-    if from_account_id == to_account_id:
-        errors.setdefault("to_account", []).append("Must differ from from_account.")
-
+    _check_amount(amount, errors)
+    if type(jitter_seconds) is not int or not 0 <= jitter_seconds <= MAX_JITTER_SECONDS:
+        errors.setdefault("jitter_seconds", []).append(f"Must be an integer between 0 and {MAX_JITTER_SECONDS}.")
+    if expires_after is not None and not timedelta(seconds=1) <= expires_after <= MAX_EXPIRES_AFTER:
+        errors.setdefault("expires_after", []).append("Must be between 1 second and 365 days.")
     with transaction.atomic():
-        accounts = {
-            a.id: a for a in Account.objects.filter(pk__in=[from_account_id, to_account_id])
-        }
-        source = accounts.get(from_account_id)
-        if source is None or source.owner_id != payer.pk:
-            errors.setdefault("from_account", []).append("No such account of yours.")
-        elif source.status != Account.Status.ACTIVE:
-            errors.setdefault("from_account", []).append(f"The account is {source.status}.")
-        target = accounts.get(to_account_id)
-        if target is None:
-            errors.setdefault("to_account", []).append("No such account.")
-        elif target.status == Account.Status.CLOSED:
-            errors.setdefault("to_account", []).append("The account is closed.")
-        if execute_at.tzinfo is not None:
-            now = db_now()
-            if execute_at <= now:
-                errors.setdefault("execute_at", []).append("Must be in the future.")
-            elif execute_at > now + timedelta(days=settings.DELAYPAY_MAX_SCHEDULE_DAYS):
-                errors.setdefault("execute_at", []).append(
-                    f"Must be at most {settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead."
-                )
+        check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
+        _check_execute_at(execute_at, errors)
         if errors:
             raise PaymentValidationError(errors)
-
-        payment = ScheduledPayment.objects.create(
+        payment = create_payment_row(
             payer=payer,
             from_account_id=from_account_id,
             to_account_id=to_account_id,
             amount=amount,
             execute_at=execute_at,
-        )
-        PaymentEvent.objects.create(
-            payment=payment,
-            kind=PaymentEvent.Kind.CREATED,
-            to_status=PaymentStatus.SCHEDULED,
-            actor=actor_label(payer),
-            actor_user=payer,
-            data={"amount": amount, "execute_at": execute_at.isoformat()},
+            jitter_seconds=jitter_seconds or 0,
+            expires_after=expires_after,
         )
     payment.refresh_from_db()
     return payment
+
+
+# One statement: lock the row, capture the old values, and compare-and-set the new ones
+# (status still SCHEDULED, version as expected). Zero rows is a result to classify.
+UPDATE_SQL = """
+WITH old AS (
+    SELECT id, amount, execute_at, requested_execute_at, version
+      FROM payments_scheduledpayment WHERE id = %(id)s FOR UPDATE
+)
+UPDATE payments_scheduledpayment p
+   SET amount = %(amount)s, execute_at = %(execute_at)s, requested_execute_at = %(requested)s,
+       version = p.version + 1, updated_at = now()
+  FROM old
+ WHERE p.id = old.id AND p.status = 'SCHEDULED' AND p.version = %(version)s
+RETURNING old.amount, old.execute_at, p.version
+"""
+
+
+def payment_update(
+    *,
+    payment_id: str,
+    actor,
+    amount: int | None = None,
+    execute_at: datetime | None = None,
+    expected_version: int | None = None,
+) -> ScheduledPayment:
+    """Change the amount and/or the due time of a SCHEDULED payment (a CAS that bumps
+    ``version``). ``expected_version`` (from If-Match) makes it optimistic: a stale
+    version raises VersionMismatch. Already claimed or finished: PaymentNotEditable.
+
+    Idempotent under retries: asking for the values the payment already has changes
+    nothing and succeeds, whatever the version.
+    """
+    errors: dict[str, list[str]] = {}
+    if amount is not None:
+        _check_amount(amount, errors)
+    if execute_at is not None:
+        _check_execute_at(execute_at, errors)
+    # Without If-Match a concurrent edit between our read and our CAS is retried;
+    # with it, the caller asked to fail on any change they have not seen.
+    for _ in range(3):
+        with transaction.atomic():
+            current = ScheduledPayment.objects.filter(pk=payment_id).first()
+            if current is None:
+                raise PaymentNotFound()
+            requested = current.requested_execute_at or current.execute_at
+            if (amount is None or amount == current.amount) and (execute_at is None or execute_at == requested):
+                return current  # already as asked: a retried PATCH changes nothing
+            if errors:
+                raise PaymentValidationError(errors)
+            new_amount = amount if amount is not None else current.amount
+            new_execute_at = (
+                with_jitter(execute_at, current.jitter_seconds) if execute_at is not None else current.execute_at
+            )
+            with connection.cursor() as cur:
+                cur.execute(
+                    UPDATE_SQL,
+                    {
+                        "id": payment_id,
+                        "amount": new_amount,
+                        "execute_at": new_execute_at,
+                        "requested": execute_at if execute_at is not None else requested,
+                        "version": expected_version if expected_version is not None else current.version,
+                    },
+                )
+                row = cur.fetchone()
+            if row is not None:
+                old_amount, old_execute_at, new_version = row
+                PaymentEvent.objects.create(
+                    payment_id=payment_id,
+                    kind=PaymentEvent.Kind.UPDATED,
+                    from_status=PaymentStatus.SCHEDULED,
+                    to_status=PaymentStatus.SCHEDULED,
+                    attempt=current.attempt,
+                    actor=actor_label(actor),
+                    actor_user=actor,
+                    data={
+                        "old": {"amount": old_amount, "execute_at": old_execute_at.isoformat()},
+                        "new": {"amount": new_amount, "execute_at": new_execute_at.isoformat()},
+                        "version": new_version,
+                    },
+                )
+                return ScheduledPayment.objects.get(pk=payment_id)
+        fresh = ScheduledPayment.objects.get(pk=payment_id)
+        if fresh.status != PaymentStatus.SCHEDULED:
+            raise PaymentNotEditable(fresh.status)
+        if expected_version is not None:
+            raise VersionMismatch(fresh.version)
+    raise VersionMismatch(fresh.version)
 
 
 @dataclass(frozen=True)

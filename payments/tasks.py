@@ -14,6 +14,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections
 
 from . import execution, metrics, promoter, services
 from .models import Heartbeat
+from .recurring import recurring_generate_due
 
 logger = logging.getLogger(__name__)
 # One line per payment outcome (payment_id, attempt, worker, outcome, timings): failures,
@@ -42,7 +43,9 @@ def _execute_in_process(pairs) -> None:
 
 @shared_task(name="payments.tasks.promoter_tick", ignore_result=True, acks_late=False)
 def promoter_tick() -> dict:
-    """Claim due payments and publish them (beat sends this every second)."""
+    """Generate due recurring occurrences, then claim due payments and publish them
+    (beat sends this every second)."""
+    recurring_generate_due()
     result = promoter.promoter_tick(publish=publish_messages, execute_in_process=_execute_in_process)
     services.heartbeat_record(name=Heartbeat.PROMOTER)
     metrics.record_tick(result)

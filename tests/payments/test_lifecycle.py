@@ -1,0 +1,225 @@
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from ledger.models import Transfer
+from payments.exceptions import PaymentNotEditable, PaymentValidationError, RecurringStateError, VersionMismatch
+from payments.execution import execute_batch
+from payments.models import PaymentEvent, PaymentStatus, RecurringEvent, RecurringPayment, ScheduledPayment
+from payments.promoter import claim_due
+from payments.recurring import (
+    recurring_create,
+    recurring_end,
+    recurring_generate_due,
+    recurring_pause,
+    recurring_resume,
+    recurring_update,
+)
+from payments.services import payment_schedule, payment_update
+from tests.concurrency import run_concurrently
+from tests.factories import due_payment, funded_account
+
+
+def schedule(source, target, **kwargs):
+    kwargs.setdefault("amount", 10)
+    kwargs.setdefault("execute_at", timezone.now() + timedelta(hours=1))
+    return payment_schedule(payer=source.owner, from_account_id=source.id, to_account_id=target.id, **kwargs)
+
+
+# --- update (PATCH) --------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_update_changes_amount_and_time_bumps_version_and_records_old_and_new():
+    a, b = funded_account(), funded_account()
+    payment = schedule(a, b)
+    later = payment.execute_at + timedelta(days=1)
+    updated = payment_update(payment_id=payment.id, actor=a.owner, amount=99, execute_at=later)
+    assert (updated.amount, updated.execute_at, updated.version) == (99, later, payment.version + 1)
+    event = PaymentEvent.objects.get(payment=payment, kind="updated")
+    assert event.data["old"]["amount"] == 10 and event.data["new"]["amount"] == 99
+    assert event.data["new"]["execute_at"] == later.isoformat()
+
+
+@pytest.mark.django_db
+def test_update_with_stale_version_is_refused():
+    a, b = funded_account(), funded_account()
+    payment = schedule(a, b)
+    payment_update(payment_id=payment.id, actor=a.owner, amount=11)
+    with pytest.raises(VersionMismatch) as err:
+        payment_update(payment_id=payment.id, actor=a.owner, amount=12, expected_version=payment.version)
+    assert err.value.version == payment.version + 1
+    assert ScheduledPayment.objects.get(pk=payment.id).amount == 11
+
+
+@pytest.mark.django_db
+def test_update_is_idempotent_under_retries():
+    a, b = funded_account(), funded_account()
+    payment = schedule(a, b)
+    first = payment_update(payment_id=payment.id, actor=a.owner, amount=50, expected_version=payment.version)
+    again = payment_update(payment_id=payment.id, actor=a.owner, amount=50, expected_version=payment.version)
+    assert again.version == first.version
+    assert PaymentEvent.objects.filter(payment=payment, kind="updated").count() == 1
+
+
+@pytest.mark.django_db
+def test_update_after_claim_is_refused():
+    a, b = funded_account(), funded_account()
+    payment = due_payment(source=a, target=b, amount=1)
+    claim_due(batch=10, lease_seconds=60)
+    with pytest.raises(PaymentNotEditable) as err:
+        payment_update(payment_id=payment.id, actor=a.owner, amount=2)
+    assert err.value.status == PaymentStatus.EXECUTING
+
+
+@pytest.mark.django_db
+def test_update_validates_like_create():
+    a, b = funded_account(), funded_account()
+    payment = schedule(a, b)
+    with pytest.raises(PaymentValidationError) as err:
+        payment_update(payment_id=payment.id, actor=a.owner, amount=0, execute_at=timezone.now() - timedelta(1))
+    assert set(err.value.fields) == {"amount", "execute_at"}
+
+
+# --- jitter and the overdue policy ------------------------------------------------------
+
+@pytest.mark.django_db
+def test_jitter_draws_within_the_window_never_earlier():
+    a, b = funded_account(), funded_account()
+    requested = timezone.now() + timedelta(hours=1)
+    draws = [schedule(a, b, execute_at=requested, jitter_seconds=60) for _ in range(30)]
+    assert all(requested <= p.execute_at <= requested + timedelta(seconds=60) for p in draws)
+    assert all(p.requested_execute_at == requested for p in draws)
+    assert len({p.execute_at for p in draws}) > 1
+    assert schedule(a, b, execute_at=requested).execute_at == requested
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("jitter", [-1, 3601, 1.5])
+def test_jitter_out_of_range_is_rejected(jitter):
+    a, b = funded_account(), funded_account()
+    with pytest.raises(PaymentValidationError) as err:
+        schedule(a, b, jitter_seconds=jitter)
+    assert "jitter_seconds" in err.value.fields
+
+
+@pytest.mark.django_db
+def test_payment_past_its_expiry_fails_expired_and_moves_nothing():
+    a, b = funded_account(balance=100), funded_account()
+    late = due_payment(source=a, target=b, amount=10, seconds_ago=120)
+    ScheduledPayment.objects.filter(pk=late.id).update(expires_after=timedelta(seconds=60))
+    patient = due_payment(source=a, target=b, amount=10, seconds_ago=120)  # default: run late
+    result = execute_batch(pairs=claim_due(batch=10, lease_seconds=60).fresh)
+    assert result.failed == {late.id: "expired"}
+    assert result.executed == [patient.id]
+    assert not Transfer.objects.filter(key=late.id).exists()
+
+
+# --- recurring payments -----------------------------------------------------------------
+
+def recurring(source, target, **kwargs):
+    kwargs.setdefault("amount", 10)
+    kwargs.setdefault("start_at", timezone.now() + timedelta(hours=1))
+    kwargs.setdefault("interval", "P1D")
+    return recurring_create(payer=source.owner, from_account_id=source.id, to_account_id=target.id, **kwargs)
+
+
+def occurrences(rec):
+    return list(ScheduledPayment.objects.filter(recurring=rec).order_by("occurrence_at"))
+
+
+@pytest.mark.django_db
+def test_create_generates_the_first_occurrence_only():
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b)
+    assert rec.status == "ACTIVE"
+    (first,) = occurrences(rec)
+    assert first.occurrence_at == first.execute_at == rec.start_at
+    assert rec.next_occurrence_at == rec.start_at + timedelta(days=1)
+    # The first occurrence is not due yet: the tick generates nothing more.
+    assert recurring_generate_due() == 0
+
+
+@pytest.mark.django_db
+def test_minimum_interval_and_rule_validation():
+    a, b = funded_account(), funded_account()
+    for kwargs, field in [
+        ({"interval": "PT30S"}, "interval"),
+        ({"interval": "P1X"}, "interval"),
+        ({"interval": "", "cron": "61 * * * *"}, "cron"),
+        ({"interval": "P1D", "cron": "0 12 * * *"}, "interval"),
+        ({"timezone": "Mars/Olympus"}, "timezone"),
+        ({"count": 0}, "count"),
+    ]:
+        with pytest.raises(PaymentValidationError) as err:
+            recurring(a, b, **kwargs)
+        assert field in err.value.fields, (kwargs, err.value.fields)
+    assert not RecurringPayment.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_next_occurrence_is_generated_once_the_previous_is_due(settings):
+    settings.DELAYPAY_MIN_RECURRING_INTERVAL = 1
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b, start_at=timezone.now() + timedelta(seconds=1), interval="PT1S")
+    assert len(occurrences(rec)) == 1
+    time.sleep(1.2)
+    # Duplicated and concurrent ticks create each occurrence exactly once.
+    results = run_concurrently(recurring_generate_due, recurring_generate_due, recurring_generate_due)
+    assert sum(results) == 1
+    assert recurring_generate_due() == 0
+    times = [p.occurrence_at for p in occurrences(rec)]
+    assert times[1] - times[0] == timedelta(seconds=1)
+
+
+@pytest.mark.django_db
+def test_count_ends_the_series():
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b, interval="P1D", count=1)
+    assert rec.status == "ENDED"
+    assert len(occurrences(rec)) == 1
+    assert RecurringEvent.objects.filter(recurring=rec, kind="ended").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pause_cancels_pending_and_resume_skips_missed_occurrences(settings):
+    settings.DELAYPAY_MIN_RECURRING_INTERVAL = 1
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b, start_at=timezone.now() + timedelta(seconds=2), interval="PT1S")
+    (pending,) = occurrences(rec)
+    paused = recurring_pause(recurring_id=rec.id, actor=a.owner)
+    assert paused.status == "PAUSED"
+    assert ScheduledPayment.objects.get(pk=pending.id).status == PaymentStatus.CANCELLED
+    time.sleep(4.2)
+    assert recurring_generate_due() == 0  # nothing while paused
+    resumed = recurring_resume(recurring_id=rec.id, actor=a.owner)
+    assert resumed.status == "ACTIVE"
+    live = [p for p in occurrences(rec) if p.status == PaymentStatus.SCHEDULED]
+    assert len(live) == 1 and live[0].execute_at > timezone.now() - timedelta(seconds=1)
+    event = RecurringEvent.objects.get(recurring=rec, kind="resumed")
+    assert len(event.data["skipped"]) >= 3  # missed while paused: recorded, not paid
+
+
+@pytest.mark.django_db
+def test_end_cancels_pending_and_is_final():
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b)
+    ended = recurring_end(recurring_id=rec.id, actor=a.owner)
+    assert ended.status == "ENDED"
+    assert all(p.status == PaymentStatus.CANCELLED for p in occurrences(rec))
+    assert recurring_end(recurring_id=rec.id, actor=a.owner).status == "ENDED"  # idempotent
+    with pytest.raises(RecurringStateError):
+        recurring_pause(recurring_id=rec.id, actor=a.owner)
+
+
+@pytest.mark.django_db
+def test_update_replaces_the_pending_occurrence_under_the_new_terms():
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b, amount=10)
+    updated = recurring_update(recurring_id=rec.id, actor=a.owner, amount=25, expected_version=rec.version)
+    assert updated.version == rec.version + 1
+    live = [p for p in occurrences(rec) if p.status == PaymentStatus.SCHEDULED]
+    assert [p.amount for p in live] == [25]
+    with pytest.raises(VersionMismatch):
+        recurring_update(recurring_id=rec.id, actor=a.owner, amount=30, expected_version=rec.version)

@@ -1,0 +1,118 @@
+import itertools
+from datetime import UTC, datetime
+
+import pytest
+
+from payments.recurrence import (
+    Rule,
+    RuleError,
+    next_occurrence,
+    nth_occurrence,
+    occurrences_between,
+    parse_interval,
+    shortest_interval_seconds,
+)
+
+BERLIN = "Europe/Berlin"
+
+
+def utc(*args):
+    return datetime(*args, tzinfo=UTC)
+
+
+def series(rule, n, after=None):
+    out, cursor = [], after or utc(1970, 1, 1)
+    for _ in range(n):
+        moment = next_occurrence(rule, after=cursor)
+        if moment is None:
+            break
+        out.append(moment)
+        cursor = moment
+    return out
+
+
+def test_month_end_lands_on_last_day_and_comes_back():
+    rule = Rule(start_at=utc(2027, 1, 31, 9), interval="P1M")
+    days = [m.date().isoformat() for m in series(rule, 5)]
+    assert days == ["2027-01-31", "2027-02-28", "2027-03-31", "2027-04-30", "2027-05-31"]
+
+
+def test_leap_year_february():
+    rule = Rule(start_at=utc(2028, 1, 31, 9), interval="P1M")
+    assert series(rule, 2)[1].date().isoformat() == "2028-02-29"
+
+
+def test_daily_interval_keeps_local_wall_time_across_dst():
+    # 12:00 in Berlin is 11:00 UTC in winter and 10:00 UTC in summer (DST starts 2027-03-28).
+    rule = Rule(start_at=datetime(2027, 3, 27, 11, tzinfo=UTC), interval="P1D", timezone=BERLIN)
+    assert [m.hour for m in series(rule, 3)] == [11, 10, 10]
+
+
+def test_hourly_interval_is_elapsed_time_across_dst():
+    rule = Rule(start_at=utc(2027, 3, 28, 0, 30), interval="PT1H", timezone=BERLIN)
+    moments = series(rule, 3)
+    assert [(b - a).total_seconds() for a, b in itertools.pairwise(moments)] == [3600, 3600]
+
+
+def test_cron_friday_noon_in_berlin_across_dst():
+    rule = Rule(start_at=utc(2027, 3, 20), cron="0 12 * * FRI", timezone=BERLIN)
+    moments = series(rule, 3)
+    assert [m.isoformat() for m in moments] == [
+        "2027-03-26T11:00:00+00:00",  # CET
+        "2027-04-02T10:00:00+00:00",  # CEST
+        "2027-04-09T10:00:00+00:00",
+    ]
+
+
+def test_cron_wall_time_repeated_when_clocks_go_back_fires_once():
+    # 2027-10-31 02:30 happens twice in Berlin.
+    rule = Rule(start_at=utc(2027, 10, 29), cron="30 2 * * *", timezone=BERLIN)
+    days = [m.astimezone().date().isoformat() for m in series(rule, 4)]
+    assert len(set(days)) == 4
+    assert [m.isoformat() for m in series(rule, 4)][2:] == ["2027-10-31T00:30:00+00:00", "2027-11-01T01:30:00+00:00"]
+
+
+def test_cron_wall_time_skipped_when_clocks_go_forward_fires_after_the_gap():
+    # 2027-03-28 02:30 does not exist in Berlin; it fires at 03:00 CEST (01:00 UTC).
+    rule = Rule(start_at=utc(2027, 3, 27), cron="30 2 * * *", timezone=BERLIN)
+    assert [m.isoformat() for m in series(rule, 3)] == [
+        "2027-03-27T01:30:00+00:00",
+        "2027-03-28T01:00:00+00:00",
+        "2027-03-29T00:30:00+00:00",
+    ]
+
+
+def test_count_becomes_the_instant_of_the_last_occurrence():
+    assert nth_occurrence(Rule(start_at=utc(2027, 1, 31), interval="P1M"), 3) == utc(2027, 3, 31)
+    assert nth_occurrence(Rule(start_at=utc(2027, 1, 1), interval="P1D", end_at=utc(2027, 1, 2)), 3) is None
+    assert nth_occurrence(Rule(start_at=utc(2027, 1, 1, 0, 5), cron="0 12 * * *"), 1) == utc(2027, 1, 1, 12)
+
+
+def test_end_at_stops_the_series():
+    rule = Rule(start_at=utc(2027, 1, 1), interval="P1D", end_at=utc(2027, 1, 3))
+    assert [m.day for m in series(rule, 10)] == [1, 2, 3]
+
+
+def test_next_occurrence_from_an_arbitrary_instant():
+    rule = Rule(start_at=utc(2027, 1, 31), interval="P1M")
+    assert next_occurrence(rule, after=utc(2027, 6, 15)) == utc(2027, 6, 30)
+    assert next_occurrence(rule, after=utc(2027, 6, 30)) == utc(2027, 7, 31)
+    assert next_occurrence(rule, after=utc(2026, 1, 1)) == utc(2027, 1, 31)
+
+
+def test_occurrences_between_lists_the_missed_ones():
+    rule = Rule(start_at=utc(2027, 1, 1), interval="P1D")
+    missed = occurrences_between(rule, after=utc(2027, 1, 1), until=utc(2027, 1, 4, 12))
+    assert [m.day for m in missed] == [2, 3, 4]
+
+
+@pytest.mark.parametrize("text", ["", "P", "PT", "1D", "P1.5D", "P0D", "P1H", "PT1D", "-P1D"])
+def test_bad_intervals(text):
+    with pytest.raises(RuleError):
+        parse_interval(text)
+
+
+def test_shortest_interval():
+    assert shortest_interval_seconds(Rule(start_at=utc(2027, 1, 1), interval="PT90S")) == 90
+    assert shortest_interval_seconds(Rule(start_at=utc(2027, 1, 1), cron="*/5 * * * *")) == 300
+    assert shortest_interval_seconds(Rule(start_at=utc(2027, 1, 1), interval="P1D")) == 23 * 3600
