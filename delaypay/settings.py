@@ -83,6 +83,10 @@ DATABASES = {
 # (a PostgreSQL restart) before it is used again.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Every query here is short OLTP work; PostgreSQL's JIT compiles whenever a cost
+# estimate is high (set-based batch statements, generate_series joins) and spends more
+# milliseconds compiling than the query takes. A URL that sets its own options wins.
+DATABASES["default"].setdefault("OPTIONS", {}).setdefault("options", "-c jit=off")
 DATABASES["default"].setdefault("TEST", {})
 if env("DJANGO_TEST_DATABASE_NAME", default=""):
     DATABASES["default"]["TEST"]["NAME"] = env("DJANGO_TEST_DATABASE_NAME")
