@@ -63,7 +63,13 @@ WITH fresh AS (
 SELECT id, attempt, previous_status FROM claimed ORDER BY execute_at, id
 """
 
-IN_FLIGHT_SQL = "SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTING'"
+# Live leases only. A row whose lease expired is not in flight: its message or worker is
+# gone, and it is exactly what the next claim must take again. Counting it would let a
+# lost window of messages (Redis restarted with the cap's worth queued) block the
+# promoter forever.
+IN_FLIGHT_SQL = (
+    "SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTING' AND lease_until >= now()"
+)
 
 
 @dataclass

@@ -149,3 +149,20 @@ def test_concurrent_promoters_claim_every_due_row_exactly_once():
     assert all(attempt == 1 for _, attempt in everything)
     assert sum(1 for c in claims if c) > 1, "expected the promoters to share the work"
     assert not ScheduledPayment.objects.filter(status=PaymentStatus.SCHEDULED).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_expired_leases_do_not_count_against_the_in_flight_cap():
+    # Redis lost every message of a full in-flight window: all those rows sit EXECUTING
+    # with expired leases. They are exactly what the promoter must re-claim; counting
+    # them as in flight would block the promoter forever.
+    a, b = funded_account(), funded_account()
+    lost = [due_payment(source=a, target=b, amount=1) for _ in range(5)]
+    claim_due(batch=10, lease_seconds=60)
+    for payment in lost:
+        expire_lease(payment)
+    published = []
+    result = promoter_tick(publish=published.extend, execute_in_process=None, batch=10, in_flight_cap=5)
+    assert result.reclaimed == 5
+    assert not result.capped
+    assert sorted(pid for [(pid, attempt)] in published) == sorted(p.id for p in lost)
