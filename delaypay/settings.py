@@ -6,6 +6,7 @@ Every variable read here is listed in README.md ("Configuration").
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -187,6 +188,13 @@ CELERY_BEAT_SCHEDULE = {
         # A tick that waited longer than one period is worthless: drop it.
         "options": {"queue": "promoter", "expires": PROMOTER_TICK_SECONDS},
     },
+    # Daily invariant check; logs ERROR per violated check. On the execute queue, never
+    # the promoter's: a long reconcile must not delay a tick.
+    "reconcile-daily": {
+        "task": "payments.tasks.reconcile_daily",
+        "schedule": crontab(hour=env.int("DELAYPAY_RECONCILE_HOUR", default=3), minute=17),
+        "options": {"queue": "execute", "expires": 3600},
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = env("DELAYPAY_BEAT_SCHEDULE_FILE", default=str(BASE_DIR / "celerybeat-schedule"))
 
@@ -200,6 +208,10 @@ DELAYPAY_MAX_ATTEMPTS = env.int("DELAYPAY_MAX_ATTEMPTS", default=5)
 DELAYPAY_MAX_AMOUNT = env.int("DELAYPAY_MAX_AMOUNT", default=10**12)
 DELAYPAY_MAX_SCHEDULE_DAYS = env.int("DELAYPAY_MAX_SCHEDULE_DAYS", default=365)
 DELAYPAY_TRANSIENT_RETRIES = env.int("DELAYPAY_TRANSIENT_RETRIES", default=5)
+# Reconciliation (manage.py reconcile and the daily task): how long a lease may stay
+# expired, and a SCHEDULED payment overdue, before it is a violation.
+DELAYPAY_RECONCILE_STUCK_SECONDS = env.float("DELAYPAY_RECONCILE_STUCK_SECONDS", default=300.0)
+DELAYPAY_RECONCILE_OVERDUE_SECONDS = env.float("DELAYPAY_RECONCILE_OVERDUE_SECONDS", default=300.0)
 
 # --- Logging: never log secrets or request bodies -------------------------------------
 

@@ -11,7 +11,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 
-from . import execution, promoter
+from . import execution, promoter, reconciliation
 
 logger = logging.getLogger(__name__)
 
@@ -90,3 +90,20 @@ def execute_batch(self, pairs: list[list]) -> dict:
         "failed": len(result.failed),
         "stale": len(result.stale),
     }
+
+
+@shared_task(name="payments.tasks.reconcile_daily", ignore_result=True)
+def reconcile_daily() -> dict:
+    """Run the reconciliation (beat, daily) and log every violated check at ERROR."""
+    report = reconciliation.reconcile()
+    for check in report.checks:
+        if not check.ok:
+            logger.error(
+                "RECONCILIATION VIOLATION %s: %d (%s); e.g. %s",
+                check.name, check.violations, check.description, ", ".join(check.samples[:10]),
+            )
+    if report.ok:
+        logger.info("reconciliation clean: %d payments, %.2fs", report.payments, report.seconds)
+    else:
+        logger.error("reconciliation found %d violations in %d payments", report.violations, report.payments)
+    return {"ok": report.ok, "violations": report.violations}

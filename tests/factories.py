@@ -7,7 +7,7 @@ from django.utils import timezone
 from delaypay.ids import new_id
 from ledger.models import Account
 from ledger.services import ledger_deposit
-from payments.models import ScheduledPayment
+from payments.models import PaymentEvent, ScheduledPayment
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -45,14 +45,17 @@ def funded_account(*, owner=None, balance: int = 0, **kwargs) -> Account:
 
 
 def due_payment(*, source: Account, target: Account, amount: int, seconds_ago: float = 1.0, payer=None):
-    """A SCHEDULED payment already due (written directly: the service refuses the past)."""
-    return ScheduledPayment.objects.create(
+    """A SCHEDULED payment already due, with its "created" event, written directly as
+    the service would (the service refuses the past)."""
+    payment = ScheduledPayment.objects.create(
         payer=payer or source.owner,
         from_account=source,
         to_account=target,
         amount=amount,
         execute_at=timezone.now() - timedelta(seconds=seconds_ago),
     )
+    PaymentEvent.objects.create(payment=payment, kind="created", to_status="SCHEDULED", actor="test")
+    return payment
 
 
 def expire_lease(payment) -> None:

@@ -40,6 +40,7 @@ def test_execute_moves_money_and_records_attempt_and_event():
     attempt = ExecutionAttempt.objects.get(payment=payment)
     assert (attempt.attempt, attempt.outcome, attempt.worker) == (1, "executed", "w1")
     assert list(PaymentEvent.objects.filter(payment=payment).values_list("kind", flat=True)) == [
+        "created",
         "claimed",
         "executed",
     ]
