@@ -63,3 +63,29 @@ def expire_lease(payment) -> None:
     ScheduledPayment.objects.filter(pk=payment.pk, status="EXECUTING").update(
         lease_until=timezone.now() - timedelta(hours=1)
     )
+
+
+def bulk_due_payments(*, source: Account, target: Account, count: int, amount: int = 1) -> None:
+    """``count`` due SCHEDULED payments with their created events, in two statements."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            WITH p AS (
+                INSERT INTO payments_scheduledpayment
+                       (id, payer_id, from_account_id, to_account_id, amount, execute_at, status,
+                        failure_reason, attempt, version, created_at, updated_at)
+                SELECT 'pay_BULK' || lpad(g::text, 22, '0') || substr(md5(random()::text), 1, 4),
+                       %(payer)s, %(source)s, %(target)s, %(amount)s,
+                       now() - interval '1 second' - g * interval '1 microsecond',
+                       'SCHEDULED', '', 0, 1, now(), now()
+                  FROM generate_series(1, %(count)s) AS g
+             RETURNING id
+            )
+            INSERT INTO payments_paymentevent
+                   (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
+            SELECT id, 'created', '', 'SCHEDULED', 0, 'test', '{}'::jsonb, now() FROM p
+            """,
+            {"payer": source.owner_id, "source": source.id, "target": target.id, "amount": amount, "count": count},
+        )

@@ -9,7 +9,6 @@ from ledger.models import Transfer
 from payments.execution import execute_batch
 from payments.models import ExecutionAttempt, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due, messages_for, promoter_tick
-from tests.concurrency import run_concurrently
 from tests.factories import due_payment, expire_lease, funded_account
 
 
@@ -127,28 +126,6 @@ def test_tick_executes_in_process_when_publishing_fails():
     assert result.executed_in_process == 1
     payment.refresh_from_db()
     assert (payment.status, payment.attempt) == (PaymentStatus.EXECUTED, 1)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_concurrent_promoters_claim_every_due_row_exactly_once():
-    a, b = funded_account(), funded_account()
-    total = 600
-    for _ in range(total):
-        due_payment(source=a, target=b, amount=1)
-
-    def drain():
-        mine = []
-        while claim := claim_due(batch=25, lease_seconds=60):
-            mine.extend(claim.fresh)
-        return mine
-
-    claims = run_concurrently(drain, drain, drain, drain)
-    everything = [pair for c in claims for pair in c]
-    assert len(everything) == total
-    assert len({pid for pid, _ in everything}) == total
-    assert all(attempt == 1 for _, attempt in everything)
-    assert sum(1 for c in claims if c) > 1, "expected the promoters to share the work"
-    assert not ScheduledPayment.objects.filter(status=PaymentStatus.SCHEDULED).exists()
 
 
 @pytest.mark.django_db(transaction=True)
