@@ -78,34 +78,31 @@ CHECKS: dict[str, str] = {
 # Payment <-> ledger. The ledger knows keys, not payments: payment transfers are keyed
 # by the payment id, whose prefix is "pay_".
 PAYMENT_LEDGER_SQL = r"""
-WITH t AS (
-    SELECT key, count(*) AS n, min(amount) AS amount, max(amount) AS max_amount,
-           min(debit_account_id) AS debit, max(debit_account_id) AS max_debit,
-           min(credit_account_id) AS credit, max(credit_account_id) AS max_credit
-      FROM ledger_transfer
-     GROUP BY key
-), j AS (
-    SELECT p.id, p.status, p.amount AS p_amount, p.from_account_id, p.to_account_id, t.*
+WITH j AS (
+    SELECT p.id, p.status, p.amount AS p_amount, p.from_account_id, p.to_account_id,
+           t.key, t.amount, t.debit_account_id AS debit, t.credit_account_id AS credit
       FROM payments_scheduledpayment p
-      FULL JOIN t ON t.key = p.id
+      FULL JOIN ledger_transfer t ON t.key = p.id
      WHERE p.id IS NOT NULL OR t.key LIKE 'pay\_%%'
 ), v AS (
-    SELECT 'executed_without_transfer' AS name, id || ' ' AS subject FROM j WHERE status = 'EXECUTED' AND key IS NULL
+    SELECT 'executed_without_transfer' AS name, id AS subject FROM j WHERE status = 'EXECUTED' AND key IS NULL
     UNION ALL
-    SELECT 'duplicate_transfers', key || ' ' || n || ' transfers' FROM t WHERE n > 1
+    -- The unique index on key makes this a walk of the index; it only finds something
+    -- if that constraint was lost.
+    SELECT 'duplicate_transfers', key || ' ' || count(*) || ' transfers'
+      FROM ledger_transfer GROUP BY key HAVING count(*) > 1
     UNION ALL
-    SELECT 'transfer_mismatch',
+    SELECT DISTINCT 'transfer_mismatch',
            id || ' payment ' || p_amount || ' ' || from_account_id || '->' || to_account_id
               || ', transfer ' || amount || ' ' || debit || '->' || credit
       FROM j
      WHERE status = 'EXECUTED' AND key IS NOT NULL
-       AND (amount <> p_amount OR max_amount <> p_amount OR debit <> from_account_id OR max_debit <> from_account_id
-            OR credit <> to_account_id OR max_credit <> to_account_id)
+       AND (amount <> p_amount OR debit <> from_account_id OR credit <> to_account_id)
     UNION ALL
-    SELECT 'transfer_without_execution', id || ' ' || status
+    SELECT DISTINCT 'transfer_without_execution', id || ' ' || status
       FROM j WHERE status IN ('SCHEDULED', 'CANCELLED', 'FAILED') AND key IS NOT NULL
     UNION ALL
-    SELECT 'transfer_for_missing_payment', key || ' ' FROM j WHERE id IS NULL
+    SELECT 'transfer_for_missing_payment', key FROM j WHERE id IS NULL
 )
 SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
 """
@@ -170,16 +167,22 @@ WITH ev AS (
       FROM payments_paymentevent
      GROUP BY payment_id
 ), at AS (
-    SELECT a.payment_id,
+    -- Per payment, the highest attempt of each outcome; (payment, attempt) is unique, so
+    -- the outcome of the final attempt is the one whose highest attempt equals it.
+    SELECT payment_id,
            count(*) AS n,
-           count(*) FILTER (WHERE a.outcome = 'executed') AS moved,
-           count(*) FILTER (WHERE a.attempt < 1 OR a.attempt > p.attempt) AS out_of_range,
-           count(*) FILTER (WHERE a.outcome IN ('executed', 'already_applied', 'failed')
-                              AND a.attempt <> p.attempt) AS finished_by_old_attempt,
-           max(a.outcome) FILTER (WHERE a.attempt = p.attempt) AS final_outcome
-      FROM payments_executionattempt a
-      JOIN payments_scheduledpayment p ON p.id = a.payment_id
-     GROUP BY a.payment_id
+           min(attempt) AS first_attempt,
+           max(attempt) AS last_attempt,
+           count(*) FILTER (WHERE outcome = 'executed') AS moved,
+           count(*) FILTER (WHERE outcome IN ('executed', 'already_applied', 'failed')) AS finishing,
+           max(attempt) FILTER (WHERE outcome IN ('executed', 'already_applied', 'failed')) AS last_finishing,
+           max(attempt) FILTER (WHERE outcome = 'executed') AS executed_at,
+           max(attempt) FILTER (WHERE outcome = 'already_applied') AS already_applied_at,
+           max(attempt) FILTER (WHERE outcome = 'failed') AS failed_at,
+           max(attempt) FILTER (WHERE outcome = 'error') AS error_at,
+           max(attempt) FILTER (WHERE outcome = 'stale') AS stale_at
+      FROM payments_executionattempt
+     GROUP BY payment_id
 ), h AS (
     SELECT p.id, p.status, p.attempt,
            concat_ws('; ',
@@ -204,27 +207,34 @@ WITH ev AS (
                CASE WHEN p.status = 'EXECUTING' AND p.attempt = 0 THEN 'EXECUTING without a claim' END
            ) AS event_problem,
            concat_ws('; ',
-               CASE WHEN at.out_of_range > 0 THEN at.out_of_range || ' attempt rows outside 1..' || p.attempt END,
+               CASE WHEN fin.out_of_range THEN 'attempt rows outside 1..' || p.attempt END,
                CASE WHEN at.moved > 1 THEN at.moved || ' attempts moved money' END,
-               CASE WHEN at.finished_by_old_attempt > 0
-                    THEN at.finished_by_old_attempt || ' earlier attempts finished it' END,
+               CASE WHEN fin.finished_by_old_attempt > 0
+                    THEN fin.finished_by_old_attempt || ' earlier attempts finished it' END,
                CASE WHEN p.status = 'EXECUTED'
-                         AND at.final_outcome IS DISTINCT FROM 'executed'
-                         AND at.final_outcome IS DISTINCT FROM 'already_applied'
-                         AND at.final_outcome IS DISTINCT FROM 'error'
-                    THEN 'EXECUTED but attempt ' || p.attempt || ' is ' || coalesce(at.final_outcome, 'missing') END,
+                         AND fin.final_outcome IS DISTINCT FROM 'executed'
+                         AND fin.final_outcome IS DISTINCT FROM 'already_applied'
+                         AND fin.final_outcome IS DISTINCT FROM 'error'
+                    THEN 'EXECUTED but attempt ' || p.attempt || ' is ' || coalesce(fin.final_outcome, 'missing') END,
                CASE WHEN p.status = 'FAILED'
-                         AND at.final_outcome IS DISTINCT FROM 'failed' AND at.final_outcome IS DISTINCT FROM 'error'
-                    THEN 'FAILED but attempt ' || p.attempt || ' is ' || coalesce(at.final_outcome, 'missing') END,
+                         AND fin.final_outcome IS DISTINCT FROM 'failed' AND fin.final_outcome IS DISTINCT FROM 'error'
+                    THEN 'FAILED but attempt ' || p.attempt || ' is ' || coalesce(fin.final_outcome, 'missing') END,
                CASE WHEN p.status IN ('SCHEDULED', 'CANCELLED') AND coalesce(at.n, 0) > 0
                     THEN p.status || ' with ' || at.n || ' attempt rows' END,
                CASE WHEN p.status = 'EXECUTING'
-                         AND at.final_outcome IN ('executed', 'already_applied', 'failed')
-                    THEN 'EXECUTING but attempt ' || p.attempt || ' is ' || at.final_outcome END
+                         AND fin.final_outcome IN ('executed', 'already_applied', 'failed')
+                    THEN 'EXECUTING but attempt ' || p.attempt || ' is ' || fin.final_outcome END
            ) AS attempt_problem
       FROM payments_scheduledpayment p
       LEFT JOIN ev ON ev.payment_id = p.id
       LEFT JOIN at ON at.payment_id = p.id
+      CROSS JOIN LATERAL (
+          SELECT CASE p.attempt WHEN at.executed_at THEN 'executed' WHEN at.already_applied_at THEN 'already_applied'
+                                WHEN at.failed_at THEN 'failed' WHEN at.error_at THEN 'error'
+                                WHEN at.stale_at THEN 'stale' END AS final_outcome,
+                 at.first_attempt < 1 OR at.last_attempt > p.attempt AS out_of_range,
+                 at.finishing - CASE WHEN at.last_finishing = p.attempt THEN 1 ELSE 0 END AS finished_by_old_attempt
+      ) fin
 ), v AS (
     SELECT 'event_history' AS name, id || ' ' || status || ': ' || event_problem AS subject
       FROM h WHERE event_problem <> ''
@@ -253,8 +263,11 @@ def reconcile(
     with transaction.atomic(), connection.cursor() as cur:
         if outermost:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        # Whole-table hash aggregates: give them memory instead of spilling to disk.
+        # Whole-table hash aggregates: memory instead of spilling to disk; no JIT (seconds
+        # of compiling for one run); no parallel workers (each would build the same hashes).
         cur.execute("SET LOCAL work_mem = '256MB'")
+        cur.execute("SET LOCAL jit = off")
+        cur.execute("SET LOCAL max_parallel_workers_per_gather = 0")
         cur.execute("SELECT now(), count(*) FROM payments_scheduledpayment")
         checked_at, payments = cur.fetchone()
         for sql in (PAYMENT_LEDGER_SQL, LEDGER_SQL, LIVENESS_SQL, HISTORY_SQL):
