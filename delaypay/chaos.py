@@ -128,6 +128,15 @@ def fault_plan(options: Options) -> list[Fault]:
               duration=round(durations[kind](), 2))
         for kind in kinds
     ]
+    # Outages of one service do not overlap (a crash of a server that is already down is
+    # no fault): each starts at least 2 s after the previous one of its kind ended.
+    for kind in ("restart_redis", "restart_postgres"):
+        ready = 0.0
+        for i, fault in sorted(enumerate(faults), key=lambda item: item[1].at):
+            if fault.kind == kind:
+                if fault.at < ready:
+                    faults[i] = fault = Fault(round(ready, 2), kind, fault.target, fault.duration)
+                ready = fault.at + fault.duration + 2.0
     return sorted(faults, key=lambda f: (f.at, f.kind))
 
 
@@ -300,6 +309,8 @@ class Injector:
             self.stack.kill(name, signal.SIGKILL)
             return [(fault.duration, f"restart:{name}")]
         if kind == "restart_redis":
+            if not self.redis.running:
+                return self._skip(fault)
             self.redis.crash()
             self.figures.redis_outages.append((self._db_clock(), None))
             return [(fault.duration, "redis_up")]
@@ -599,7 +610,7 @@ def run(options: Options, *, say) -> Outcome:
         figures = Figures()
         injector = Injector(stack=stack, pg=pg, redis=redis, options=options, figures=figures, workers=workers)
 
-        lead = 5.0 + options.payments / 4000
+        lead = 3.0 + options.payments / 2000  # time to write the payments before the first is due
         workload = build_workload(options, lead_seconds=lead)
         wait_for_workers(stack, [*workers, "promoter"])
         say(f"chaos: {len(workload.payments)} payments over {len(workload.deposits)} accounts due in "

@@ -164,8 +164,12 @@ class PrivateRedis:
         except OSError:
             return False
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def start(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.running:
             raise SandboxError("redis-server is already running")
         self.directory.mkdir(parents=True, exist_ok=True)
         if self._log is None:
