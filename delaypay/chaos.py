@@ -99,6 +99,14 @@ class Options:
     keep: bool = False
 
 
+def burst_offsets(window: float) -> list[float]:
+    """Moments when a crowd of payments falls due at once: a backlog for the faults to hit."""
+    return [window * 0.25, window * 0.5, window * 0.75]
+
+
+BURST_SHARE = 0.4  # of the payments, split over the bursts; the rest fall due uniformly
+
+
 def fault_plan(options: Options) -> list[Fault]:
     """The run's faults: a pure function of the seed and the options."""
     if options.faults == 0:
@@ -123,9 +131,16 @@ def fault_plan(options: Options) -> list[Fault]:
         "duplicate_promoter": lambda: rng.uniform(5.0, 15.0),
         "duplicate_beat": lambda: rng.uniform(5.0, 15.0),
     }
+    bursts = burst_offsets(options.window)
+
+    def moment(kind: str) -> float:
+        # The zombie is paused just after a burst, while it holds messages and batches.
+        if kind == "pause_worker":
+            return rng.choice(bursts) + rng.uniform(0.05, 0.6)
+        return rng.uniform(0.5, options.window)
+
     faults = [
-        Fault(at=round(rng.uniform(0.5, options.window), 2), kind=kind, target=rng.randrange(1000),
-              duration=round(durations[kind](), 2))
+        Fault(at=round(moment(kind), 2), kind=kind, target=rng.randrange(1000), duration=round(durations[kind](), 2))
         for kind in kinds
     ]
     # Outages of one service do not overlap (a crash of a server that is already down is
@@ -187,7 +202,11 @@ def build_workload(options: Options, *, lead_seconds: float) -> Workload:
     # ones depends on due order).
     poor = rng.sample(ids, int(len(ids) * options.underfunded))
     payees = sorted(set(ids) - set(poor))
-    offsets = sorted(rng.uniform(0, options.window) for _ in range(options.payments))
+    bursts = burst_offsets(options.window)
+    offsets = sorted(
+        rng.choice(bursts) if rng.random() < BURST_SHARE else rng.uniform(0, options.window)
+        for _ in range(options.payments)
+    )
     planned = []
     outflow: Counter = Counter()
     for offset in offsets:
@@ -277,6 +296,16 @@ class Injector:
             pass
         proc.wait(timeout=30)
 
+    def _worker(self, fault: Fault) -> str | None:
+        """The fault's worker, or the next one that is running and not paused."""
+        n = len(self.workers)
+        for i in range(n):
+            name = self.workers[(fault.target + i) % n]
+            proc = self.stack.procs.get(name)
+            if proc is not None and proc.poll() is None and name not in self.paused and name not in self.down:
+                return name
+        return None
+
     def _db_clock(self):
         try:
             return db_retry(db_now, timeout=5)
@@ -288,18 +317,16 @@ class Injector:
         None when its target was not there to hit (a dead or paused worker)."""
         kind = fault.kind
         if kind == "kill_worker":
-            name = self.workers[fault.target % len(self.workers)]
-            proc = self.stack.procs.get(name)
-            if proc is None or proc.poll() is not None or name in self.paused:
+            name = self._worker(fault)
+            if name is None:
                 return self._skip(fault)
             self.down.add(name)
-            os.kill(proc.pid, signal.SIGKILL)  # the parent only; its children are orphaned
+            os.kill(self.stack.procs[name].pid, signal.SIGKILL)  # the parent only; its children are orphaned
             return [(min(1.0, fault.duration), f"reap:{name}"), (fault.duration, f"restart:{name}")]
         if kind == "kill_child":
-            name = self.workers[fault.target % len(self.workers)]
-            proc = self.stack.procs.get(name)
-            children = child_pids(proc.pid) if proc is not None and proc.poll() is None else []
-            if not children or name in self.paused:
+            name = self._worker(fault)
+            children = child_pids(self.stack.procs[name].pid) if name is not None else []
+            if not children:
                 return self._skip(fault)
             os.kill(children[fault.target % len(children)], signal.SIGKILL)
             return []
@@ -318,12 +345,12 @@ class Injector:
             self.pg.crash()
             return [(fault.duration, "postgres_up")]
         if kind == "pause_worker":
-            name = self.workers[fault.target % len(self.workers)]
-            proc = self.stack.procs.get(name)
-            if proc is None or proc.poll() is not None or name in self.paused:
+            name = self._worker(fault)
+            if name is None:
                 return self._skip(fault)
-            os.killpg(proc.pid, signal.SIGSTOP)
-            self.paused[name] = proc.pid
+            pgid = self.stack.procs[name].pid
+            os.killpg(pgid, signal.SIGSTOP)
+            self.paused[name] = pgid
             return [(fault.duration, f"resume:{name}")]
         if kind in ("duplicate_promoter", "duplicate_beat"):
             name = f"{kind.removeprefix('duplicate_')}-dup"
@@ -610,9 +637,10 @@ def run(options: Options, *, say) -> Outcome:
         figures = Figures()
         injector = Injector(stack=stack, pg=pg, redis=redis, options=options, figures=figures, workers=workers)
 
+        # Booting Celery is CPU-heavy: let it finish before timing the workload.
+        wait_for_workers(stack, [*workers, "promoter"])
         lead = 3.0 + options.payments / 2000  # time to write the payments before the first is due
         workload = build_workload(options, lead_seconds=lead)
-        wait_for_workers(stack, [*workers, "promoter"])
         say(f"chaos: {len(workload.payments)} payments over {len(workload.deposits)} accounts due in "
             f"{options.window:.0f}s from t+{max(0.0, workload.first_due - time.time()):.1f}s; "
             f"{len(workload.cancels)} cancels; injecting")
