@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
@@ -271,7 +272,8 @@ class Injector:
         self.core = [*workers, "promoter", "beat"]
         self.down: set[str] = set()  # deliberately stopped, not for the supervisor to restart
         self.paused: dict[str, int] = {}  # name -> process group we stopped
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # the zombie thread and the plan both touch the stack
+        self.stopping = False
         self.log = open(stack.log_dir / "faults.log", "a")
 
     def note(self, text: str) -> None:
@@ -304,6 +306,46 @@ class Injector:
             proc = self.stack.procs.get(name)
             if proc is not None and proc.poll() is None and name not in self.paused and name not in self.down:
                 return name
+        return None
+
+    def _zombie(self, fault: Fault) -> None:
+        """Pause a worker caught inside a transaction (waiting up to 10 s for one, without
+        holding up the rest of the plan), keep it stopped past its lease, resume it."""
+        name = self._busy_worker(timeout=10.0)
+        with self.lock:
+            name = name or self._worker(fault)
+            if name is None or self.stopping:
+                return
+            pgid = self.stack.procs[name].pid
+            os.killpg(pgid, signal.SIGSTOP)
+            self.paused[name] = pgid
+        self.note(f"        paused {name}")
+        time.sleep(fault.duration)
+        with self.lock:
+            if self.paused.pop(name, None) == pgid:
+                try:
+                    os.killpg(pgid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        self.note(f"        resumed {name}")
+
+    def _busy_worker(self, *, timeout: float) -> str | None:
+        """Wait for a worker with a process inside a transaction, so that the pause freezes
+        it mid-batch holding row locks (the worst moment for a zombie)."""
+        candidates = [n for n in self.workers if n not in self.paused and n not in self.down]
+        deadline = time.monotonic() + timeout
+        try:
+            with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
+                while time.monotonic() < deadline:
+                    row = conn.execute(
+                        "SELECT application_name FROM pg_stat_activity WHERE application_name = ANY(%s)"
+                        " AND xact_start IS NOT NULL AND state <> 'idle' LIMIT 1", [candidates],
+                    ).fetchone()
+                    if row:
+                        return row[0]
+                    time.sleep(0.002)
+        except psycopg.Error:
+            pass
         return None
 
     def _db_clock(self):
@@ -345,13 +387,10 @@ class Injector:
             self.pg.crash()
             return [(fault.duration, "postgres_up")]
         if kind == "pause_worker":
-            name = self._worker(fault)
-            if name is None:
+            if self._worker(fault) is None:
                 return self._skip(fault)
-            pgid = self.stack.procs[name].pid
-            os.killpg(pgid, signal.SIGSTOP)
-            self.paused[name] = pgid
-            return [(fault.duration, f"resume:{name}")]
+            threading.Thread(target=self._zombie, args=(fault,), name="zombie", daemon=True).start()
+            return []
         if kind in ("duplicate_promoter", "duplicate_beat"):
             name = f"{kind.removeprefix('duplicate_')}-dup"
             proc = self.stack.procs.get(name)
@@ -380,18 +419,16 @@ class Injector:
             self.figures.redis_outages[-1] = (down_at, self._db_clock())
         elif verb == "postgres_up":
             self.pg.start()
-        elif verb == "resume":
-            pgid = self.paused.pop(name)
-            try:
-                os.killpg(pgid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         elif verb == "stop":
             self.stack.kill(name, signal.SIGTERM)
         self.note(f"        {action}")
 
     def supervise(self) -> None:
         """Restart a core process that died on its own (e.g. lost its broker)."""
+        with self.lock:
+            self._supervise()
+
+    def _supervise(self) -> None:
         for name in self.core:
             proc = self.stack.procs.get(name)
             if name in self.down or name in self.paused or proc is None or proc.poll() is None:
@@ -413,19 +450,29 @@ class Injector:
                 time.sleep(min(0.2, max(0.0, when - time.time())))
                 continue
             pending.pop(0)
-            if isinstance(item, Fault):
-                self.note(f"inject  {item.describe()}")
-                follow = self.begin(item)
-                if follow is None:
-                    continue
-                self.figures.injected[item.kind] += 1
-                for delay, action in follow:
-                    seq += 1
-                    pending.append((time.time() + delay, seq, action))
-            else:
-                self.follow_up(item)
+            with self.lock:
+                if isinstance(item, Fault):
+                    self.note(f"inject  {item.describe()}")
+                    follow = self.begin(item)
+                    if follow is None:
+                        continue
+                    self.figures.injected[item.kind] += 1
+                    for delay, action in follow:
+                        seq += 1
+                        pending.append((time.time() + delay, seq, action))
+                else:
+                    self.follow_up(item)
+        # A zombie may still be paused: the faults are over when it has been resumed.
+        while any(t.name == "zombie" and t.is_alive() for t in threading.enumerate()) and not stop.is_set():
+            self.supervise()
+            time.sleep(0.2)
 
     def resume_everything(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self._resume_all()
+
+    def _resume_all(self) -> None:
         for pgid in self.paused.values():
             try:
                 os.killpg(pgid, signal.SIGCONT)
@@ -612,7 +659,13 @@ def run(options: Options, *, say) -> Outcome:
     say(f"chaos: seed={options.seed} plan={plan_digest(plan)} ({len(plan)} faults, {log_dir / 'plan.txt'})")
 
     taken = {port for _, _, port in PrivatePostgres.clusters()}
-    pg = PrivatePostgres(name=options.cluster, port=pick_port(options.pg_port, taken), database="delaypay_chaos")
+    pg = PrivatePostgres(
+        name=options.cluster, port=pick_port(options.pg_port, taken), database="delaypay_chaos",
+        # A stalled worker (the zombie) must not hold its row locks for ever: PostgreSQL
+        # ends a session idle inside a transaction after one lease, so the rows can be
+        # re-claimed and the zombie's late commit fails and retries as a stale attempt.
+        settings={"idle_in_transaction_session_timeout": str(int(options.lease_seconds * 1000))},
+    )
     redis = PrivateRedis(port=pick_port(options.redis_port, {pg.port}), directory=log_dir / "redis")
     stack = None
     stop = threading.Event()

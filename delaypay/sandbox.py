@@ -61,8 +61,9 @@ def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.1) -> 
 class PrivatePostgres:
     """A throwaway Debian cluster ``<version>/<name>`` on 127.0.0.1:<port>, trust auth."""
 
-    def __init__(self, *, name: str, port: int, database: str):
+    def __init__(self, *, name: str, port: int, database: str, settings: dict[str, str] | None = None):
         self.name = name
+        self.settings = settings or {}
         self.port = port
         self.database = database
         self.user = getpass.getuser()
@@ -88,9 +89,25 @@ class PrivatePostgres:
     def _ctl(self, action: str, *extra: str) -> None:
         _run("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.name, action, *extra)
 
+    @property
+    def _owner_file(self) -> Path:
+        return Path("/etc/postgresql") / self.version / self.name / "delaypay-chaos.pid"
+
+    def _owner_alive(self) -> bool:
+        try:
+            os.kill(int(self._owner_file.read_text()), 0)
+        except (OSError, ValueError):
+            return False
+        return True
+
     def create(self) -> None:
         if self.exists():
-            # Left behind by a run that was killed before its cleanup: it is ours by name.
+            if self._owner_alive():
+                raise SandboxError(
+                    f"cluster {self.version}/{self.name} belongs to a chaos run still in progress "
+                    f"(pid {self._owner_file.read_text().strip()}); choose another --cluster"
+                )
+            # Left behind by a run that was killed before its cleanup: ours by name.
             self.drop()
         _run(
             "pg_createcluster", self.version, self.name, "-p", str(self.port),
@@ -98,9 +115,11 @@ class PrivatePostgres:
             # cache); only a power loss would. This run crashes processes, not machines.
             "-o", "fsync=off",
             "-o", "max_connections=200",
+            *[arg for key, value in self.settings.items() for arg in ("-o", f"{key}={value}")],
             "--", "--auth=trust",
         )
         self.created = True
+        self._owner_file.write_text(str(os.getpid()))
         self.start()
         with psycopg.connect(self._dsn(user="postgres", dbname="postgres"), autocommit=True) as conn:
             if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [self.user]).fetchone():
@@ -108,6 +127,10 @@ class PrivatePostgres:
             conn.execute(
                 sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(self.database), sql.Identifier(self.user))
             )
+
+    @property
+    def dsn(self) -> str:
+        return self._dsn(user=self.user, dbname=self.database)
 
     def _dsn(self, *, user: str, dbname: str) -> str:
         return f"host=127.0.0.1 port={self.port} user={user} dbname={dbname} connect_timeout=2"
