@@ -42,6 +42,7 @@ from payments.exceptions import PaymentNotCancellable
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
 from payments.services import db_now, payment_cancel
+from payments.tasks import execute_batch
 
 logger = logging.getLogger("delaypay.chaos")
 
@@ -58,11 +59,13 @@ MINIMUM_FAULTS: dict[str, int] = {
     "pause_worker": 1,  # SIGSTOP a worker past its lease, then SIGCONT: the zombie
     "duplicate_promoter": 1,  # a second promoter for a while
     "duplicate_beat": 1,  # a second beat for a while (double ticks)
+    "redeliver": 1,  # the broker delivers again: duplicates of current attempts, late stale ones
 }
 # Weights for the faults beyond the minimum: process kills are the common case.
 EXTRA_WEIGHTS: dict[str, float] = {
     "kill_worker": 3, "kill_child": 4, "kill_promoter": 1, "kill_beat": 1, "restart_redis": 1,
     "restart_postgres": 0.7, "pause_worker": 1, "duplicate_promoter": 0.5, "duplicate_beat": 0.5,
+    "redeliver": 1,
 }
 
 
@@ -131,6 +134,7 @@ def fault_plan(options: Options) -> list[Fault]:
         "pause_worker": lambda: 2 * lease + rng.uniform(1.0, 4.0),  # well past its lease
         "duplicate_promoter": lambda: rng.uniform(5.0, 15.0),
         "duplicate_beat": lambda: rng.uniform(5.0, 15.0),
+        "redeliver": lambda: 0.0,
     }
     bursts = burst_offsets(options.window)
 
@@ -254,6 +258,7 @@ class Figures:
     injected: Counter = field(default_factory=Counter)
     skipped: Counter = field(default_factory=Counter)
     restarts_unexpected: int = 0
+    redelivered: int = 0  # (payment, attempt) pairs the redeliver faults sent again
     cancels_won: int = 0
     cancels_lost: int = 0
     cancels_unknown: int = 0
@@ -329,6 +334,37 @@ class Injector:
                     pass
         self.note(f"        resumed {name}")
 
+    def _redeliver(self, fault: Fault) -> bool:
+        """What an at-least-once broker does on a bad day: deliver recently claimed
+        payments again, each current attempt twice at once and each superseded attempt
+        late. Exactly-once must make every one of these change nothing."""
+        rng = random.Random(fault.target)
+        try:
+            with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
+                recent = conn.execute(
+                    "SELECT id, attempt FROM payments_scheduledpayment WHERE attempt > 0"
+                    " ORDER BY claimed_at DESC, id LIMIT 300"
+                ).fetchall()
+        except psycopg.Error:
+            return False
+        if not recent:
+            return False
+        chosen = rng.sample(recent, min(60, len(recent)))
+        current = [[pid, attempt] for pid, attempt in chosen]
+        stale = [[pid, attempt - 1] for pid, attempt in chosen if attempt > 1]
+        messages = [current[i:i + 10] for i in range(0, len(current), 10)]
+        messages = [m for m in messages for _ in range(2)] + [[pair] for pair in stale]
+        try:
+            with execute_batch.app.connection_for_write(self.redis.url) as conn:
+                producer = execute_batch.app.amqp.Producer(conn)
+                for pairs in messages:
+                    execute_batch.apply_async(args=[pairs], producer=producer, retry=False)
+        except Exception as exc:  # Redis is down: nothing was (re)delivered
+            self.note(f"        redeliver failed: {type(exc).__name__}: {exc}")
+            return False
+        self.figures.redelivered += sum(len(m) for m in messages)
+        return True
+
     def _busy_worker(self, *, timeout: float) -> str | None:
         """Wait for a worker with a process inside a transaction, so that the pause freezes
         it mid-batch holding row locks (the worst moment for a zombie)."""
@@ -354,9 +390,10 @@ class Injector:
         except DB_ERRORS:
             return None
 
-    def begin(self, fault: Fault) -> list[tuple[float, str]] | None:
-        """Inject one fault; return the follow-up actions (delay, action) it needs, or
-        None when its target was not there to hit (a dead or paused worker)."""
+    def begin(self, fault: Fault) -> list[tuple[float, str]] | str | None:
+        """Inject one fault; return the follow-up actions (delay, action) it needs, None
+        when its target was not there to hit (a dead or paused worker), or "later" to be
+        tried again in a second."""
         kind = fault.kind
         if kind == "kill_worker":
             name = self._worker(fault)
@@ -391,6 +428,10 @@ class Injector:
                 return self._skip(fault)
             threading.Thread(target=self._zombie, args=(fault,), name="zombie", daemon=True).start()
             return []
+        if kind == "redeliver":
+            if not self.redis.running:
+                return "later"  # nothing to deliver through while the broker is down
+            return [] if self._redeliver(fault) else self._skip(fault)
         if kind in ("duplicate_promoter", "duplicate_beat"):
             name = f"{kind.removeprefix('duplicate_')}-dup"
             proc = self.stack.procs.get(name)
@@ -442,6 +483,7 @@ class Injector:
         """Inject the plan on schedule; return once every fault has ended."""
         pending: list[tuple[float, int, object]] = [(first_due + f.at, i, f) for i, f in enumerate(plan)]
         seq = len(pending)
+        deferred: Counter = Counter()
         while pending and not stop.is_set():
             pending.sort(key=lambda item: (item[0], item[1]))
             when, _, item = pending[0]
@@ -454,7 +496,12 @@ class Injector:
                 if isinstance(item, Fault):
                     self.note(f"inject  {item.describe()}")
                     follow = self.begin(item)
-                    if follow is None:
+                    if follow == "later" and deferred[item] < 20:
+                        deferred[item] += 1
+                        seq += 1
+                        pending.append((time.time() + 1.0, seq, item))
+                        continue
+                    if follow is None or follow == "later":
                         continue
                     self.figures.injected[item.kind] += 1
                     for delay, action in follow:
@@ -578,7 +625,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
     with connection.cursor() as cur:
         cur.execute("SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM ledger_transfer"
                     " GROUP BY key HAVING count(*) > 1) d")
-        duplicated = cur.fetchone()[0]
+        duplicated = int(cur.fetchone()[0])
         cur.execute("SELECT count(*) FILTER (WHERE outcome = 'stale'),"
                     " count(*) FILTER (WHERE worker LIKE 'promoter:%%' AND outcome <> 'stale')"
                     " FROM payments_executionattempt")
@@ -630,6 +677,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         "claims_while_redis_down": claims_while_redis_down,
         "executed_in_process": in_process,
         "unexpected_exits": figures.restarts_unexpected,
+        "redelivered": figures.redelivered,
         "converged": converged,
         "converge_seconds": round(converge_seconds, 1),
         "total_seconds": round(total_seconds, 1),
@@ -641,7 +689,8 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         f" executed={numbers['executed']} failed={numbers['failed']} ({failed or 'none'})"
         f" cancelled={numbers['cancelled']} faults={injected} ({kinds or 'none'})"
         f" lost={lost} duplicated_transfers={duplicated} conservation_errors={conservation}"
-        f" stale_writes_rejected={stale} reconcile_violations={report.violations}"
+        f" stale_writes_rejected={stale} redelivered={figures.redelivered}"
+        f" reconcile_violations={report.violations}"
         f" cancel_mismatches={cancel_mismatches} claims_while_redis_down={claims_while_redis_down}"
         f" in_process={in_process} converge_s={numbers['converge_seconds']}"
         f"{'' if converged else ' (NOT CONVERGED)'} total_s={numbers['total_seconds']}"

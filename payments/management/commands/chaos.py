@@ -20,8 +20,9 @@ class Command(BaseCommand):
         d = chaos.Options()
         parser.add_argument("--payments", type=int, default=d.payments, help=f"payments to schedule ({d.payments})")
         parser.add_argument("--seed", type=int, default=None, help="RNG seed (random when omitted; always printed)")
+        minimum = sum(chaos.MINIMUM_FAULTS.values())
         parser.add_argument("--faults", type=int, default=d.faults,
-                            help=f"faults to inject, 0 or at least 10 ({d.faults})")
+                            help=f"faults to inject: 0, or at least {minimum} (every kind); default {d.faults}")
         parser.add_argument("--workers", type=int, default=d.workers, help=f"worker processes ({d.workers})")
         parser.add_argument("--concurrency", type=int, default=d.concurrency,
                             help=f"prefork children per worker ({d.concurrency})")
