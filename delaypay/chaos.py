@@ -416,11 +416,13 @@ class Injector:
             return [(fault.duration, f"restart:{name}")]
         if kind == "restart_redis":
             if not self.redis.running:
-                return self._skip(fault)
+                return "later"  # still down from the previous outage
             self.redis.crash()
             self.figures.redis_outages.append((self._db_clock(), None))
             return [(fault.duration, "redis_up")]
         if kind == "restart_postgres":
+            if not self.pg.is_up():
+                return "later"
             self.pg.crash()
             return [(fault.duration, "postgres_up")]
         if kind == "pause_worker":
