@@ -612,8 +612,19 @@ class Outcome:
     figures: dict
 
 
+def stale_rejections_logged(log_dir: Path) -> int:
+    """(payment, attempt) pairs the executors refused as stale, from their logs: duplicates
+    of an attempt that already finished as well as superseded attempts (only the latter
+    leave a "stale" audit row, the former find the finished attempt's row in place)."""
+    count = 0
+    for log in log_dir.glob("*.log"):
+        with open(log, errors="replace") as lines:
+            count += sum(line.count("('pay_") for line in lines if "stale attempts rejected" in line)
+    return count
+
+
 def measure(workload: Workload, figures: Figures, *, converged: bool, converge_seconds: float,
-            options: Options, total_seconds: float) -> Outcome:
+            options: Options, total_seconds: float, log_dir: Path) -> Outcome:
     """Every figure of the run, from the database, the reconciliation and an independent
     model of what the balances must be given the final statuses."""
     report = reconcile(stuck_after_seconds=0, overdue_after_seconds=0, sample_limit=5)
@@ -631,7 +642,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         cur.execute("SELECT count(*) FILTER (WHERE outcome = 'stale'),"
                     " count(*) FILTER (WHERE worker LIKE 'promoter:%%' AND outcome <> 'stale')"
                     " FROM payments_executionattempt")
-        stale, in_process = cur.fetchone()
+        stale_rows, in_process = cur.fetchone()
         claims_while_redis_down = 0
         for down_at, up_at in figures.redis_outages:
             if down_at is not None and up_at is not None:
@@ -673,7 +684,8 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         "lost": lost,
         "duplicated_transfers": duplicated,
         "conservation_errors": conservation,
-        "stale_writes_rejected": stale,
+        "stale_writes_rejected": stale_rejections_logged(log_dir),
+        "stale_audit_rows": stale_rows,
         "reconcile_violations": report.violations,
         "cancel_mismatches": cancel_mismatches,
         "claims_while_redis_down": claims_while_redis_down,
@@ -691,7 +703,8 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         f" executed={numbers['executed']} failed={numbers['failed']} ({failed or 'none'})"
         f" cancelled={numbers['cancelled']} faults={injected} ({kinds or 'none'})"
         f" lost={lost} duplicated_transfers={duplicated} conservation_errors={conservation}"
-        f" stale_writes_rejected={stale} redelivered={figures.redelivered}"
+        f" stale_writes_rejected={numbers['stale_writes_rejected']} (audited {stale_rows})"
+        f" redelivered={figures.redelivered}"
         f" reconcile_violations={report.violations}"
         f" cancel_mismatches={cancel_mismatches} claims_while_redis_down={claims_while_redis_down}"
         f" in_process={in_process} converge_s={numbers['converge_seconds']}"
@@ -769,7 +782,7 @@ def run(options: Options, *, say) -> Outcome:
         waited = time.monotonic() - injected_until
         stack.stop()
         outcome = measure(workload, figures, converged=converged, converge_seconds=waited, options=options,
-                          total_seconds=time.monotonic() - started)
+                          total_seconds=time.monotonic() - started, log_dir=log_dir)
         (log_dir / "figures.json").write_text(json.dumps(outcome.figures, indent=2, default=str))
         return outcome
     finally:
