@@ -67,7 +67,10 @@ class Command(BaseCommand):
         def interrupted(signum, frame):
             raise KeyboardInterrupt(f"signal {signum}")
 
-        signal.signal(signal.SIGTERM, interrupted)  # tear down on SIGTERM as on Ctrl-C
+        # Tear down on SIGTERM as on Ctrl-C (also when started with SIGINT ignored, as a
+        # background job of a script is).
+        signal.signal(signal.SIGTERM, interrupted)
+        signal.signal(signal.SIGINT, interrupted)
         outcome = chaos.run(options, say=lambda text: self.stdout.write(text))
         self.stdout.write(self.style.SUCCESS(outcome.line) if outcome.ok else self.style.ERROR(outcome.line))
         if not outcome.ok:
