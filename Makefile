@@ -1,6 +1,8 @@
 # Two commands on a fresh machine:
 #   make run   - venv, requirements, services, migrations, demo data, every Procfile process
 #   make test  - venv, requirements, services, then ruff and the whole pytest suite
+#   make chaos - the full fault-injection run (20,000 payments) on private PostgreSQL/Redis
+#   make chaos-ci - the small fault-injection run .ci/run does on every submission
 # Both are idempotent; the venv is reinstalled only when a requirements file changes.
 
 PYTHON ?= python3.11
@@ -13,7 +15,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # sums them (README "Metrics"). The tests use their own (pyproject.toml).
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test install services lint check-deploy flower metrics-dir schema
+.PHONY: run test install services lint check-deploy flower metrics-dir schema chaos chaos-ci
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -66,6 +68,16 @@ $(BIN)/promtool: | $(BIN)/python
 	chmod +x $$tmp/promtool && mv $$tmp/promtool $@ || \
 	echo "promtool unavailable: tests/test_deploy.py will check the rules without it"; \
 	rm -rf $$tmp
+
+# The chaos run starts and crashes its own PostgreSQL cluster and redis-server on
+# private ports; it never touches the shared services. CHAOS_ARGS adds options
+# (e.g. CHAOS_ARGS="--seed 1234" to replay a seed).
+chaos: install
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py chaos $(CHAOS_ARGS)
+
+chaos-ci: install
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py chaos --payments 2000 --faults 20 --window 30 \
+	  --workers 2 $(CHAOS_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

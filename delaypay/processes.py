@@ -63,7 +63,8 @@ class Stack:
         proc = subprocess.Popen(
             ["sh", "-c", f"exec {procfile()[kind]}"],
             cwd=BASE_DIR,
-            env={**self.env, **(env or {})},
+            # application_name in pg_stat_activity: which process holds which transaction.
+            env={**self.env, "PGAPPNAME": name, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import environ
+from celery.schedules import crontab
 
 from delaypay.logs import logging_config
 
@@ -85,8 +86,16 @@ DATABASES["default"]["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Every query here is short OLTP work; PostgreSQL's JIT compiles whenever a cost
 # estimate is high (set-based batch statements, generate_series joins) and spends more
-# milliseconds compiling than the query takes. A URL that sets its own options wins.
-DATABASES["default"].setdefault("OPTIONS", {}).setdefault("options", "-c jit=off")
+# milliseconds compiling than the query takes. And no delaypay process ever waits inside
+# a transaction: a session idle in one for a whole lease is a stalled worker (a paused
+# VM, a process in swap) holding its batch's row locks, which keeps those payments from
+# being re-claimed; PostgreSQL ends it and the worker's late commit fails as stale.
+# A DATABASE_URL that sets its own options wins.
+DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+    "options",
+    "-c jit=off -c idle_in_transaction_session_timeout="
+    f"{int(env.float('DELAYPAY_LEASE_SECONDS', default=60.0) * 1000)}",
+)
 DATABASES["default"].setdefault("TEST", {})
 if env("DJANGO_TEST_DATABASE_NAME", default=""):
     DATABASES["default"]["TEST"]["NAME"] = env("DJANGO_TEST_DATABASE_NAME")
@@ -246,6 +255,13 @@ CELERY_BEAT_SCHEDULE = {
         # A tick that waited longer than one period is worthless: drop it.
         "options": {"queue": "promoter", "expires": PROMOTER_TICK_SECONDS},
     },
+    # Daily invariant check; logs ERROR per violated check. On the execute queue, never
+    # the promoter's: a long reconcile must not delay a tick.
+    "reconcile-daily": {
+        "task": "payments.tasks.reconcile_daily",
+        "schedule": crontab(hour=env.int("DELAYPAY_RECONCILE_HOUR", default=3), minute=17),
+        "options": {"queue": "execute", "expires": 3600},
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = env("DELAYPAY_BEAT_SCHEDULE_FILE", default=str(BASE_DIR / "celerybeat-schedule"))
 
@@ -281,6 +297,10 @@ DELAYPAY_METRICS_CACHE_SECONDS = env.float("DELAYPAY_METRICS_CACHE_SECONDS", def
 # once, so a load balancer using /readyz would drop them all for a promoter problem).
 DELAYPAY_READY_MAX_TICK_AGE_SECONDS = env.float("DELAYPAY_READY_MAX_TICK_AGE_SECONDS", default=10.0)
 DELAYPAY_READY_REQUIRE_PROMOTER = env.bool("DELAYPAY_READY_REQUIRE_PROMOTER", default=True)
+# Reconciliation (manage.py reconcile and the daily task): how long a lease may stay
+# expired, and a SCHEDULED payment overdue, before it is a violation.
+DELAYPAY_RECONCILE_STUCK_SECONDS = env.float("DELAYPAY_RECONCILE_STUCK_SECONDS", default=300.0)
+DELAYPAY_RECONCILE_OVERDUE_SECONDS = env.float("DELAYPAY_RECONCILE_OVERDUE_SECONDS", default=300.0)
 
 # --- Logging: never log secrets or request bodies -------------------------------------
 

@@ -41,7 +41,14 @@ WITH fresh AS (
      LIMIT %(reclaim_batch)s
        FOR UPDATE SKIP LOCKED
 ), due AS (
-    SELECT id, status FROM fresh UNION ALL SELECT id, status FROM expired
+    -- Expired leases first (they are the oldest work); the whole claim stays within the
+    -- caller's room under the in-flight cap. Rows locked above the limit are released
+    -- at commit, untouched.
+    SELECT id, status FROM (
+        SELECT id, status, 0 AS rank FROM expired UNION ALL SELECT id, status, 1 FROM fresh
+    ) candidates
+    ORDER BY rank
+    LIMIT %(batch)s
 ), claimed AS (
     UPDATE payments_scheduledpayment p
        SET status = 'EXECUTING',
@@ -64,7 +71,13 @@ SELECT id, attempt, previous_status, extract(epoch FROM now() - execute_at)::flo
   FROM claimed ORDER BY execute_at, id
 """
 
-IN_FLIGHT_SQL = "SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTING'"
+# Live leases only. A row whose lease expired is not in flight: its message or worker is
+# gone, and it is exactly what the next claim must take again. Counting it would let a
+# lost window of messages (Redis restarted with the cap's worth queued) block the
+# promoter forever.
+IN_FLIGHT_SQL = (
+    "SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTING' AND lease_until >= now()"
+)
 
 
 @dataclass
@@ -177,7 +190,7 @@ def promoter_tick(
                 result.executed_in_process += len(message)
             in_flight -= len(claim)
             break
-        if len(claim.fresh) < min(batch, room) or time.monotonic() >= deadline:
+        if len(claim) < min(batch, room) or time.monotonic() >= deadline:
             break
     result.in_flight = in_flight
     result.seconds = time.monotonic() - started

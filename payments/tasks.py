@@ -12,7 +12,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections
 
-from . import execution, metrics, promoter, services
+from . import execution, metrics, promoter, reconciliation, services
 from .models import Heartbeat
 from .recurring import recurring_generate_due
 
@@ -168,3 +168,21 @@ def execute_batch(self, pairs: list[list]) -> dict:
         "failed": len(result.failed),
         "stale": len(result.stale),
     }
+
+
+@shared_task(name="payments.tasks.reconcile_daily", ignore_result=True)
+def reconcile_daily() -> dict:
+    """Run the reconciliation (beat, daily) and log every violated check at ERROR."""
+    report = reconciliation.reconcile()
+    metrics.record_reconcile_result(violations=report.violations)
+    for check in report.checks:
+        if not check.ok:
+            logger.error(
+                "RECONCILIATION VIOLATION %s: %d (%s); e.g. %s",
+                check.name, check.violations, check.description, ", ".join(check.samples[:10]),
+            )
+    if report.ok:
+        logger.info("reconciliation clean: %d payments, %.2fs", report.payments, report.seconds)
+    else:
+        logger.error("reconciliation found %d violations in %d payments", report.violations, report.payments)
+    return {"ok": report.ok, "violations": report.violations}

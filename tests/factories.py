@@ -7,7 +7,7 @@ from django.utils import timezone
 from delaypay.ids import new_id
 from ledger.models import Account
 from ledger.services import ledger_deposit
-from payments.models import ScheduledPayment
+from payments.models import PaymentEvent, ScheduledPayment
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -45,14 +45,17 @@ def funded_account(*, owner=None, balance: int = 0, **kwargs) -> Account:
 
 
 def due_payment(*, source: Account, target: Account, amount: int, seconds_ago: float = 1.0, payer=None):
-    """A SCHEDULED payment already due (written directly: the service refuses the past)."""
-    return ScheduledPayment.objects.create(
+    """A SCHEDULED payment already due, with its "created" event, written directly as
+    the service would (the service refuses the past)."""
+    payment = ScheduledPayment.objects.create(
         payer=payer or source.owner,
         from_account=source,
         to_account=target,
         amount=amount,
         execute_at=timezone.now() - timedelta(seconds=seconds_ago),
     )
+    PaymentEvent.objects.create(payment=payment, kind="created", to_status="SCHEDULED", actor="test")
+    return payment
 
 
 def expire_lease(payment) -> None:
@@ -65,3 +68,29 @@ def expire_lease(payment) -> None:
 def future_payment(*, source: Account, target: Account, amount: int = 10, minutes: float = 30, payer=None):
     """A SCHEDULED payment due ``minutes`` from now (written directly, like due_payment)."""
     return due_payment(source=source, target=target, amount=amount, seconds_ago=-60 * minutes, payer=payer)
+
+
+def bulk_due_payments(*, source: Account, target: Account, count: int, amount: int = 1) -> None:
+    """``count`` due SCHEDULED payments with their created events, in two statements."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            WITH p AS (
+                INSERT INTO payments_scheduledpayment
+                       (id, payer_id, from_account_id, to_account_id, amount, execute_at, status,
+                        failure_reason, attempt, version, created_at, updated_at)
+                SELECT 'pay_BULK' || lpad(g::text, 22, '0') || substr(md5(random()::text), 1, 4),
+                       %(payer)s, %(source)s, %(target)s, %(amount)s,
+                       now() - interval '1 second' - g * interval '1 microsecond',
+                       'SCHEDULED', '', 0, 1, now(), now()
+                  FROM generate_series(1, %(count)s) AS g
+             RETURNING id
+            )
+            INSERT INTO payments_paymentevent
+                   (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
+            SELECT id, 'created', '', 'SCHEDULED', 0, 'test', '{}'::jsonb, now() FROM p
+            """,
+            {"payer": source.owner_id, "source": source.id, "target": target.id, "amount": amount, "count": count},
+        )

@@ -1,0 +1,802 @@
+"""The fault-injection run behind ``manage.py chaos`` (Jepsen-style, with a
+TigerBeetle-style invariant check at the end).
+
+1. Start a private PostgreSQL cluster and a private redis-server, migrate, and run the
+   real processes (workers, promoter, beat) from the Procfile against them.
+2. Schedule N payments across many accounts (some underfunded), all due within a short
+   window; cancel some of them while they drain, racing the claim.
+3. While they drain, inject faults at moments drawn from a seeded RNG: SIGKILL of worker
+   parents and of single prefork children, SIGKILL and restart of the promoter and of
+   beat, Redis killed (its messages lost) and restarted, PostgreSQL stopped with
+   ``-m immediate`` and restarted, a worker SIGSTOPped past its lease and resumed, a
+   duplicate promoter and a duplicate beat for a while. The plan is a pure function of
+   the seed and the options, so a failing seed replays the same fault schedule.
+4. Stop injecting, wait until every payment is terminal, run the reconciliation and an
+   independent balance model, and print one line of figures.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.db import InterfaceError, OperationalError, connection, connections, transaction
+
+from delaypay.ids import new_id
+from delaypay.processes import Stack
+from delaypay.sandbox import PrivatePostgres, PrivateRedis, pick_port
+from ledger.models import Account
+from ledger.services import Posting, ledger_post_batch
+from payments.exceptions import PaymentNotCancellable
+from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
+from payments.reconciliation import reconcile
+from payments.services import db_now, payment_cancel
+from payments.tasks import execute_batch
+
+logger = logging.getLogger("delaypay.chaos")
+
+DB_ERRORS = (OperationalError, InterfaceError)
+
+# Every kind of fault, and how many of each a run injects at least (the issue's list).
+MINIMUM_FAULTS: dict[str, int] = {
+    "kill_worker": 1,  # SIGKILL a worker's parent process; a supervisor restarts it
+    "kill_child": 1,  # SIGKILL one prefork child; the parent forks a replacement
+    "kill_promoter": 1,  # SIGKILL the promoter, restart it
+    "kill_beat": 1,  # SIGKILL beat, restart it
+    "restart_redis": 2,  # SIGKILL redis-server (no persistence: messages lost), restart it
+    "restart_postgres": 1,  # pg_ctlcluster stop -m immediate, then start (WAL replay)
+    "pause_worker": 1,  # SIGSTOP a worker past its lease, then SIGCONT: the zombie
+    "duplicate_promoter": 1,  # a second promoter for a while
+    "duplicate_beat": 1,  # a second beat for a while (double ticks)
+    "redeliver": 1,  # the broker delivers again: duplicates of current attempts, late stale ones
+}
+# Weights for the faults beyond the minimum: process kills are the common case.
+EXTRA_WEIGHTS: dict[str, float] = {
+    "kill_worker": 3, "kill_child": 4, "kill_promoter": 1, "kill_beat": 1, "restart_redis": 1,
+    "restart_postgres": 0.7, "pause_worker": 1, "duplicate_promoter": 0.5, "duplicate_beat": 0.5,
+    "redeliver": 1,
+}
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float  # seconds after the first payment is due
+    kind: str
+    target: int  # which worker (or child), modulo what exists
+    duration: float  # down time / pause / overlap, seconds
+
+    def describe(self) -> str:
+        return f"t+{self.at:6.2f}s {self.kind:<18} target={self.target} for {self.duration:.2f}s"
+
+
+@dataclass
+class Options:
+    payments: int = 20_000
+    seed: int = 0
+    faults: int = 30
+    workers: int = 3
+    concurrency: int = 2
+    window: float = 60.0  # payments fall due over this many seconds; faults land in it
+    accounts: int = 0  # 0: payments // 20
+    underfunded: float = 0.1  # share of accounts funded below what they will send
+    cancel_ratio: float = 0.03
+    lease_seconds: float = 5.0
+    batch: int = 100
+    inflight_cap: int = 2000
+    max_attempts: int = 5
+    converge_timeout: float = 300.0
+    pg_port: int = 55432
+    redis_port: int = 56379
+    cluster: str = "delaypay_chaos"
+    log_dir: Path = Path("var/chaos")
+    keep: bool = False
+
+
+def burst_offsets(window: float) -> list[float]:
+    """Moments when a crowd of payments falls due at once: a backlog for the faults to hit."""
+    return [window * 0.25, window * 0.5, window * 0.75]
+
+
+BURST_SHARE = 0.4  # of the payments, split over the bursts; the rest fall due uniformly
+
+
+def fault_plan(options: Options) -> list[Fault]:
+    """The run's faults: a pure function of the seed and the options."""
+    if options.faults == 0:
+        return []
+    minimum = sum(MINIMUM_FAULTS.values())
+    if options.faults < minimum:
+        raise ValueError(f"--faults must be 0 or at least {minimum} (one of every kind, Redis twice)")
+    rng = random.Random(f"faults:{options.seed}")
+    kinds = [kind for kind, n in MINIMUM_FAULTS.items() for _ in range(n)]
+    extra = list(EXTRA_WEIGHTS)
+    kinds += rng.choices(extra, weights=[EXTRA_WEIGHTS[k] for k in extra], k=options.faults - minimum)
+    rng.shuffle(kinds)
+    lease = options.lease_seconds
+    durations = {
+        "kill_worker": lambda: rng.uniform(0.5, 3.0),  # until the supervisor restarts it
+        "kill_child": lambda: 0.0,
+        "kill_promoter": lambda: rng.uniform(0.5, 4.0),
+        "kill_beat": lambda: rng.uniform(0.5, 4.0),
+        "restart_redis": lambda: rng.uniform(1.0, 4.0),
+        "restart_postgres": lambda: rng.uniform(0.5, 3.0),
+        "pause_worker": lambda: 2 * lease + rng.uniform(1.0, 4.0),  # well past its lease
+        "duplicate_promoter": lambda: rng.uniform(5.0, 15.0),
+        "duplicate_beat": lambda: rng.uniform(5.0, 15.0),
+        "redeliver": lambda: 0.0,
+    }
+    bursts = burst_offsets(options.window)
+
+    def moment(kind: str) -> float:
+        # The zombie is paused just after a burst, while it holds messages and batches.
+        if kind == "pause_worker":
+            return rng.choice(bursts) + rng.uniform(0.05, 0.6)
+        return rng.uniform(0.5, options.window)
+
+    faults = [
+        Fault(at=round(moment(kind), 2), kind=kind, target=rng.randrange(1000), duration=round(durations[kind](), 2))
+        for kind in kinds
+    ]
+    # Outages of one service do not overlap (a crash of a server that is already down is
+    # no fault): each starts at least 2 s after the previous one of its kind ended.
+    for kind in ("restart_redis", "restart_postgres"):
+        ready = 0.0
+        for i, fault in sorted(enumerate(faults), key=lambda item: item[1].at):
+            if fault.kind == kind:
+                if fault.at < ready:
+                    faults[i] = fault = Fault(round(ready, 2), kind, fault.target, fault.duration)
+                ready = fault.at + fault.duration + 2.0
+    return sorted(faults, key=lambda f: (f.at, f.kind))
+
+
+def plan_digest(plan: list[Fault]) -> str:
+    return hashlib.sha1("\n".join(f.describe() for f in plan).encode()).hexdigest()[:10]
+
+
+@dataclass
+class Workload:
+    deposits: dict[str, int]  # account id -> amount deposited
+    payments: dict[str, tuple[str, str, int]]  # payment id -> (from, to, amount)
+    cancels: list[tuple[float, str]]  # (seconds after the first due time, payment id)
+    first_due: float  # time.time() of the first due instant
+
+
+def db_retry(fn, *, timeout: float = 120.0):
+    """Call ``fn`` until it gets through a database restart (reconnecting each time)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except DB_ERRORS:
+            connection.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def build_workload(options: Options, *, lead_seconds: float) -> Workload:
+    """Accounts, deposits and payments, written the way the services write them but in
+    bulk (one service call per payment would take longer than the due window)."""
+    rng = random.Random(f"workload:{options.seed}")
+    n_accounts = options.accounts or max(20, options.payments // 20)
+    User = get_user_model()
+    run_tag = new_id("run")[-8:].lower()
+    with transaction.atomic():
+        users = User.objects.bulk_create(
+            [User(username=f"chaos-{run_tag}-{i}", password="!") for i in range(n_accounts)]
+        )
+        accounts = Account.objects.bulk_create(
+            [Account(id=new_id("acc"), owner=u, name=f"chaos {i}", kind=Account.Kind.USER) for i, u in enumerate(users)]
+        )
+    ids = [a.id for a in accounts]
+    owners = {a.id: a.owner for a in accounts}
+
+    # Most accounts hold what they will send; the underfunded hold a third of it and
+    # receive nothing, so some of their payments fail with insufficient_funds (which
+    # ones depends on due order).
+    poor = rng.sample(ids, int(len(ids) * options.underfunded))
+    payees = sorted(set(ids) - set(poor))
+    bursts = burst_offsets(options.window)
+    offsets = sorted(
+        rng.choice(bursts) if rng.random() < BURST_SHARE else rng.uniform(0, options.window)
+        for _ in range(options.payments)
+    )
+    planned = []
+    outflow: Counter = Counter()
+    for offset in offsets:
+        source = rng.choice(ids)
+        target = rng.choice([a for a in rng.sample(payees, 2) if a != source])
+        amount = rng.randint(1, 100)
+        planned.append((offset, source, target, amount))
+        outflow[source] += amount
+    deposits = {a: outflow[a] // 3 if a in set(poor) else outflow[a] for a in ids}
+    with transaction.atomic():
+        ledger_post_batch(
+            postings=[Posting(new_id("dep"), "acc_issuance", a, amount) for a, amount in deposits.items() if amount]
+        )
+
+    start = db_now() + timedelta(seconds=lead_seconds)
+    first_due = time.time() + lead_seconds
+    payments: dict[str, tuple[str, str, int]] = {}
+    chunk = 5000
+    for i in range(0, len(planned), chunk):
+        rows, events = [], []
+        for offset, source, target, amount in planned[i:i + chunk]:
+            pid = new_id("pay")
+            execute_at = start + timedelta(seconds=offset)
+            owner = owners[source]
+            rows.append(ScheduledPayment(id=pid, payer=owner, from_account_id=source, to_account_id=target,
+                                         amount=amount, execute_at=execute_at))
+            events.append(PaymentEvent(payment_id=pid, kind=PaymentEvent.Kind.CREATED,
+                                       to_status=PaymentStatus.SCHEDULED, actor=f"user:{owner.pk}",
+                                       actor_user=owner,
+                                       data={"amount": amount, "execute_at": execute_at.isoformat()}))
+            payments[pid] = (source, target, amount)
+        with transaction.atomic():
+            ScheduledPayment.objects.bulk_create(rows)
+            PaymentEvent.objects.bulk_create(events)
+    # Cancel some just around their due time, so the cancel races the claim.
+    chosen = rng.sample(range(len(planned)), int(len(planned) * options.cancel_ratio))
+    pids = list(payments)
+    cancels = sorted((max(0.0, planned[i][0] + rng.uniform(-1.0, 0.5)), pids[i]) for i in chosen)
+    return Workload(deposits=deposits, payments=payments, cancels=cancels, first_due=first_due)
+
+
+@dataclass
+class Figures:
+    injected: Counter = field(default_factory=Counter)
+    skipped: Counter = field(default_factory=Counter)
+    restarts_unexpected: int = 0
+    redelivered: int = 0  # (payment, attempt) pairs the redeliver faults sent again
+    cancels_won: int = 0
+    cancels_lost: int = 0
+    cancels_unknown: int = 0
+    cancel_answers: dict[str, str] = field(default_factory=dict)  # payment id -> answered status
+    redis_outages: list[tuple] = field(default_factory=list)  # (db time down, db time up)
+
+
+class Injector:
+    """Carries out the plan against the stack and the private services, and keeps the
+    core processes running the way a supervisor (systemd, Kubernetes) would."""
+
+    def __init__(self, *, stack: Stack, pg: PrivatePostgres, redis: PrivateRedis, options: Options,
+                 figures: Figures, workers: list[str]):
+        self.stack, self.pg, self.redis, self.options, self.figures = stack, pg, redis, options, figures
+        self.workers = workers
+        self.core = [*workers, "promoter", "beat"]
+        self.down: set[str] = set()  # deliberately stopped, not for the supervisor to restart
+        self.paused: dict[str, int] = {}  # name -> process group we stopped
+        self.lock = threading.RLock()  # the zombie thread and the plan both touch the stack
+        self.stopping = False
+        self.log = open(stack.log_dir / "faults.log", "a")
+
+    def note(self, text: str) -> None:
+        self.log.write(f"{time.strftime('%H:%M:%S')} {text}\n")
+        self.log.flush()
+
+    def start(self, name: str) -> None:
+        if name.startswith("worker"):
+            self.stack.start_worker(name, concurrency=self.options.concurrency)
+        elif name.startswith("promoter"):
+            self.stack.start_promoter(name)
+        else:
+            self.stack.start_beat(name)
+
+    def _reap(self, name: str) -> None:
+        proc = self.stack.procs.get(name)
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the orphans a dead parent left
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def _worker(self, fault: Fault) -> str | None:
+        """The fault's worker, or the next one that is running and not paused."""
+        n = len(self.workers)
+        for i in range(n):
+            name = self.workers[(fault.target + i) % n]
+            proc = self.stack.procs.get(name)
+            if proc is not None and proc.poll() is None and name not in self.paused and name not in self.down:
+                return name
+        return None
+
+    def _zombie(self, fault: Fault) -> None:
+        """Pause a worker caught inside a transaction (waiting up to 10 s for one, without
+        holding up the rest of the plan), keep it stopped past its lease, resume it."""
+        name = self._busy_worker(timeout=10.0)
+        with self.lock:
+            name = name or self._worker(fault)
+            if name is None or self.stopping:
+                return
+            pgid = self.stack.procs[name].pid
+            os.killpg(pgid, signal.SIGSTOP)
+            self.paused[name] = pgid
+        self.note(f"        paused {name}")
+        time.sleep(fault.duration)
+        with self.lock:
+            if self.paused.pop(name, None) == pgid:
+                try:
+                    os.killpg(pgid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        self.note(f"        resumed {name}")
+
+    def _redeliver(self, fault: Fault) -> bool:
+        """What an at-least-once broker does on a bad day: deliver recently claimed
+        payments again, each current attempt twice at once and each superseded attempt
+        late. Exactly-once must make every one of these change nothing."""
+        rng = random.Random(fault.target)
+        try:
+            with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
+                recent = conn.execute(
+                    "SELECT id, attempt FROM payments_scheduledpayment WHERE attempt > 0"
+                    " ORDER BY claimed_at DESC, id LIMIT 300"
+                ).fetchall()
+        except psycopg.Error:
+            return False
+        if not recent:
+            return False
+        chosen = rng.sample(recent, min(60, len(recent)))
+        current = [[pid, attempt] for pid, attempt in chosen]
+        stale = [[pid, attempt - 1] for pid, attempt in chosen if attempt > 1]
+        messages = [current[i:i + 10] for i in range(0, len(current), 10)]
+        messages = [m for m in messages for _ in range(2)] + [[pair] for pair in stale]
+        try:
+            with execute_batch.app.connection_for_write(self.redis.url) as conn:
+                producer = execute_batch.app.amqp.Producer(conn)
+                for pairs in messages:
+                    execute_batch.apply_async(args=[pairs], producer=producer, retry=False)
+        except Exception as exc:  # Redis is down: nothing was (re)delivered
+            self.note(f"        redeliver failed: {type(exc).__name__}: {exc}")
+            return False
+        self.figures.redelivered += sum(len(m) for m in messages)
+        return True
+
+    def _busy_worker(self, *, timeout: float) -> str | None:
+        """Wait for a worker with a process inside a transaction, so that the pause freezes
+        it mid-batch holding row locks (the worst moment for a zombie)."""
+        candidates = [n for n in self.workers if n not in self.paused and n not in self.down]
+        deadline = time.monotonic() + timeout
+        try:
+            with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
+                while time.monotonic() < deadline:
+                    row = conn.execute(
+                        "SELECT application_name FROM pg_stat_activity WHERE application_name = ANY(%s)"
+                        " AND xact_start IS NOT NULL AND state <> 'idle' LIMIT 1", [candidates],
+                    ).fetchone()
+                    if row:
+                        return row[0]
+                    time.sleep(0.002)
+        except psycopg.Error:
+            pass
+        return None
+
+    def _db_clock(self):
+        try:
+            return db_retry(db_now, timeout=5)
+        except DB_ERRORS:
+            return None
+
+    def begin(self, fault: Fault) -> list[tuple[float, str]] | str | None:
+        """Inject one fault; return the follow-up actions (delay, action) it needs, None
+        when its target was not there to hit (a dead or paused worker), or "later" to be
+        tried again in a second."""
+        kind = fault.kind
+        if kind == "kill_worker":
+            name = self._worker(fault)
+            if name is None:
+                return self._skip(fault)
+            self.down.add(name)
+            os.kill(self.stack.procs[name].pid, signal.SIGKILL)  # the parent only; its children are orphaned
+            return [(min(1.0, fault.duration), f"reap:{name}"), (fault.duration, f"restart:{name}")]
+        if kind == "kill_child":
+            name = self._worker(fault)
+            children = child_pids(self.stack.procs[name].pid) if name is not None else []
+            if not children:
+                return self._skip(fault)
+            os.kill(children[fault.target % len(children)], signal.SIGKILL)
+            return []
+        if kind in ("kill_promoter", "kill_beat"):
+            name = kind.removeprefix("kill_")
+            self.down.add(name)
+            self.stack.kill(name, signal.SIGKILL)
+            return [(fault.duration, f"restart:{name}")]
+        if kind == "restart_redis":
+            if not self.redis.running:
+                return "later"  # still down from the previous outage
+            self.redis.crash()
+            self.figures.redis_outages.append((self._db_clock(), None))
+            return [(fault.duration, "redis_up")]
+        if kind == "restart_postgres":
+            if not self.pg.is_up():
+                return "later"
+            self.pg.crash()
+            return [(fault.duration, "postgres_up")]
+        if kind == "pause_worker":
+            if self._worker(fault) is None:
+                return self._skip(fault)
+            threading.Thread(target=self._zombie, args=(fault,), name="zombie", daemon=True).start()
+            return []
+        if kind == "redeliver":
+            if not self.redis.running:
+                return "later"  # nothing to deliver through while the broker is down
+            return [] if self._redeliver(fault) else self._skip(fault)
+        if kind in ("duplicate_promoter", "duplicate_beat"):
+            name = f"{kind.removeprefix('duplicate_')}-dup"
+            proc = self.stack.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                return self._skip(fault)
+            self.start(name)
+            return [(fault.duration, f"stop:{name}")]
+        raise ValueError(kind)
+
+    def _skip(self, fault: Fault) -> None:
+        self.figures.skipped[fault.kind] += 1
+        self.note(f"skipped {fault.describe()} (target not running or paused)")
+        return None
+
+    def follow_up(self, action: str) -> None:
+        verb, _, name = action.partition(":")
+        if verb == "reap":
+            self._reap(name)
+        elif verb == "restart":
+            self._reap(name)
+            self.down.discard(name)
+            self.start(name)
+        elif verb == "redis_up":
+            self.redis.start()
+            down_at, _ = self.figures.redis_outages[-1]
+            self.figures.redis_outages[-1] = (down_at, self._db_clock())
+        elif verb == "postgres_up":
+            self.pg.start()
+        elif verb == "stop":
+            self.stack.kill(name, signal.SIGTERM)
+        self.note(f"        {action}")
+
+    def supervise(self) -> None:
+        """Restart a core process that died on its own (e.g. lost its broker)."""
+        with self.lock:
+            self._supervise()
+
+    def _supervise(self) -> None:
+        for name in self.core:
+            proc = self.stack.procs.get(name)
+            if name in self.down or name in self.paused or proc is None or proc.poll() is None:
+                continue
+            self.note(f"supervisor: {name} exited with {proc.returncode}; restarting")
+            self.figures.restarts_unexpected += 1
+            self._reap(name)
+            self.start(name)
+
+    def run(self, plan: list[Fault], *, first_due: float, stop: threading.Event) -> None:
+        """Inject the plan on schedule; return once every fault has ended."""
+        pending: list[tuple[float, int, object]] = [(first_due + f.at, i, f) for i, f in enumerate(plan)]
+        seq = len(pending)
+        deferred: Counter = Counter()
+        while pending and not stop.is_set():
+            pending.sort(key=lambda item: (item[0], item[1]))
+            when, _, item = pending[0]
+            if time.time() < when:
+                self.supervise()
+                time.sleep(min(0.2, max(0.0, when - time.time())))
+                continue
+            pending.pop(0)
+            with self.lock:
+                if isinstance(item, Fault):
+                    self.note(f"inject  {item.describe()}")
+                    follow = self.begin(item)
+                    if follow == "later" and deferred[item] < 20:
+                        deferred[item] += 1
+                        seq += 1
+                        pending.append((time.time() + 1.0, seq, item))
+                        continue
+                    if follow is None or follow == "later":
+                        continue
+                    self.figures.injected[item.kind] += 1
+                    for delay, action in follow:
+                        seq += 1
+                        pending.append((time.time() + delay, seq, action))
+                else:
+                    self.follow_up(item)
+        # A zombie may still be paused: the faults are over when it has been resumed.
+        while any(t.name == "zombie" and t.is_alive() for t in threading.enumerate()) and not stop.is_set():
+            self.supervise()
+            time.sleep(0.2)
+
+    def resume_everything(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self._resume_all()
+
+    def _resume_all(self) -> None:
+        for pgid in self.paused.values():
+            try:
+                os.killpg(pgid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.paused.clear()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of ``pid`` (a Celery worker's prefork pool)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def cancel_while_draining(workload: Workload, figures: Figures, stop: threading.Event) -> None:
+    """Cancel the chosen payments at their moments, racing the claim; remember each answer
+    (the cancelled payment, or "not cancellable: <status>") to check against the end state."""
+    try:
+        for offset, payment_id in workload.cancels:
+            while not stop.is_set() and time.time() < workload.first_due + offset:
+                time.sleep(min(0.05, workload.first_due + offset - time.time()))
+            if stop.is_set():
+                return
+            answer = None
+            for _ in range(20):
+                try:
+                    owner = ScheduledPayment.objects.select_related("payer").get(pk=payment_id).payer
+                    answer = payment_cancel(payment_id=payment_id, actor=owner).status
+                    break
+                except PaymentNotCancellable as exc:
+                    answer = exc.status
+                    break
+                except DB_ERRORS:
+                    connection.close()  # PostgreSQL is restarting; a repeated cancel is idempotent
+                    time.sleep(0.5)
+            if answer is None:
+                figures.cancels_unknown += 1
+                continue
+            figures.cancel_answers[payment_id] = answer
+            if answer == PaymentStatus.CANCELLED:
+                figures.cancels_won += 1
+            else:
+                figures.cancels_lost += 1
+    finally:
+        connections.close_all()
+
+
+def use_private_database(pg: PrivatePostgres) -> None:
+    """Point this process's default connection at the private cluster (the settings dict
+    is shared by every thread's connection)."""
+    connections.close_all()
+    connections.settings["default"].update(pg.settings_overrides())
+
+
+def stack_env(options: Options, redis: PrivateRedis, database_url: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis.url,
+        "DELAYPAY_LEASE_SECONDS": str(options.lease_seconds),
+        "DELAYPAY_CLAIM_BATCH": str(options.batch),
+        "DELAYPAY_INFLIGHT_CAP": str(options.inflight_cap),
+        "DELAYPAY_MAX_ATTEMPTS": str(options.max_attempts),
+        "DELAYPAY_LOG_LEVEL": "INFO",
+    }
+
+
+def wait_for_workers(stack: Stack, names: list[str], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    for name in names:
+        while "ready." not in stack.log(name):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not become ready; see {stack.log_dir / (name + '.log')}")
+            time.sleep(0.2)
+
+
+def unfinished() -> int:
+    return ScheduledPayment.objects.filter(
+        status__in=[PaymentStatus.SCHEDULED, PaymentStatus.EXECUTING]
+    ).count()
+
+
+@dataclass
+class Outcome:
+    line: str
+    ok: bool
+    figures: dict
+
+
+def stale_rejections_logged(log_dir: Path) -> int:
+    """(payment, attempt) pairs the executors refused as stale, from their logs: duplicates
+    of an attempt that already finished as well as superseded attempts (only the latter
+    leave a "stale" audit row, the former find the finished attempt's row in place)."""
+    count = 0
+    for log in log_dir.glob("*.log"):
+        with open(log, errors="replace") as lines:
+            count += sum(line.count("('pay_") for line in lines if "stale attempts rejected" in line)
+    return count
+
+
+def measure(workload: Workload, figures: Figures, *, converged: bool, converge_seconds: float,
+            options: Options, total_seconds: float, log_dir: Path) -> Outcome:
+    """Every figure of the run, from the database, the reconciliation and an independent
+    model of what the balances must be given the final statuses."""
+    report = reconcile(stuck_after_seconds=0, overdue_after_seconds=0, sample_limit=5)
+    statuses = dict(ScheduledPayment.objects.values_list("id", "status"))
+    reasons = Counter(
+        ScheduledPayment.objects.filter(status=PaymentStatus.FAILED).values_list("failure_reason", flat=True)
+    )
+    by_status = Counter(statuses.values())
+    lost = sum(1 for pid in workload.payments if statuses.get(pid) not in
+               (PaymentStatus.EXECUTED, PaymentStatus.FAILED, PaymentStatus.CANCELLED))
+    with connection.cursor() as cur:
+        cur.execute("SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM ledger_transfer"
+                    " GROUP BY key HAVING count(*) > 1) d")
+        duplicated = int(cur.fetchone()[0])
+        cur.execute("SELECT count(*) FILTER (WHERE outcome = 'stale'),"
+                    " count(*) FILTER (WHERE worker LIKE 'promoter:%%' AND outcome <> 'stale')"
+                    " FROM payments_executionattempt")
+        stale_rows, in_process = cur.fetchone()
+        claims_while_redis_down = 0
+        for down_at, up_at in figures.redis_outages:
+            if down_at is not None and up_at is not None:
+                # A tick already running when Redis died may finish its claim: allow 2 s.
+                cur.execute("SELECT count(*) FROM payments_paymentevent WHERE kind IN ('claimed', 'reclaimed')"
+                            " AND created_at > %s + interval '2 seconds' AND created_at < %s", [down_at, up_at])
+                claims_while_redis_down += cur.fetchone()[0]
+    # The model: deposits plus the executed payments, from the harness's own records.
+    expected = Counter(workload.deposits)
+    for pid, (source, target, amount) in workload.payments.items():
+        if statuses.get(pid) == PaymentStatus.EXECUTED:
+            expected[source] -= amount
+            expected[target] += amount
+    balances = dict(Account.objects.values_list("id", "balance"))
+    model_errors = sum(1 for acc, amount in expected.items() if balances.get(acc) != amount)
+    conservation = (
+        model_errors
+        + report.get("balance_sum_nonzero").violations
+        + report.get("balance_mismatch").violations
+        + report.get("negative_user_balance").violations
+    )
+    cancel_mismatches = sum(
+        1 for pid, answer in figures.cancel_answers.items()
+        if (answer == PaymentStatus.CANCELLED) != (statuses.get(pid) == PaymentStatus.CANCELLED)
+    )
+    injected = sum(figures.injected.values())
+    kinds = " ".join(f"{k}={figures.injected[k]}" for k in MINIMUM_FAULTS if figures.injected[k])
+    failed = " ".join(f"{k}={v}" for k, v in sorted(reasons.items()))
+    numbers = {
+        "seed": options.seed,
+        "payments": len(workload.payments),
+        "executed": by_status[PaymentStatus.EXECUTED],
+        "failed": by_status[PaymentStatus.FAILED],
+        "failed_by_reason": dict(reasons),
+        "cancelled": by_status[PaymentStatus.CANCELLED],
+        "faults": injected,
+        "faults_by_kind": dict(figures.injected),
+        "faults_skipped": dict(figures.skipped),
+        "lost": lost,
+        "duplicated_transfers": duplicated,
+        "conservation_errors": conservation,
+        "stale_writes_rejected": stale_rejections_logged(log_dir),
+        "stale_audit_rows": stale_rows,
+        "reconcile_violations": report.violations,
+        "cancel_mismatches": cancel_mismatches,
+        "claims_while_redis_down": claims_while_redis_down,
+        "executed_in_process": in_process,
+        "unexpected_exits": figures.restarts_unexpected,
+        "redelivered": figures.redelivered,
+        "converged": converged,
+        "converge_seconds": round(converge_seconds, 1),
+        "total_seconds": round(total_seconds, 1),
+        "reconcile": {c.name: c.samples for c in report.checks if not c.ok},
+    }
+    ok = converged and not (lost or duplicated or conservation or report.violations or cancel_mismatches)
+    line = (
+        f"chaos {'PASS' if ok else 'FAIL'}: seed={options.seed} payments={numbers['payments']}"
+        f" executed={numbers['executed']} failed={numbers['failed']} ({failed or 'none'})"
+        f" cancelled={numbers['cancelled']} faults={injected} ({kinds or 'none'})"
+        f" lost={lost} duplicated_transfers={duplicated} conservation_errors={conservation}"
+        f" stale_writes_rejected={numbers['stale_writes_rejected']} (audited {stale_rows})"
+        f" redelivered={figures.redelivered}"
+        f" reconcile_violations={report.violations}"
+        f" cancel_mismatches={cancel_mismatches} claims_while_redis_down={claims_while_redis_down}"
+        f" in_process={in_process} converge_s={numbers['converge_seconds']}"
+        f"{'' if converged else ' (NOT CONVERGED)'} total_s={numbers['total_seconds']}"
+    )
+    return Outcome(line=line, ok=ok, figures=numbers)
+
+
+def run(options: Options, *, say) -> Outcome:
+    """The whole run; every process and service it started is gone when it returns."""
+    started = time.monotonic()
+    plan = fault_plan(options)
+    log_dir = Path(options.log_dir) / f"seed-{options.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "plan.txt").write_text("".join(f"{f.describe()}\n" for f in plan))
+    say(f"chaos: seed={options.seed} plan={plan_digest(plan)} ({len(plan)} faults, {log_dir / 'plan.txt'})")
+
+    taken = {port for _, _, port in PrivatePostgres.clusters()}
+    pg = PrivatePostgres(
+        name=options.cluster, port=pick_port(options.pg_port, taken), database="delaypay_chaos",
+        # A stalled worker (the zombie) must not hold its row locks for ever: PostgreSQL
+        # ends a session idle inside a transaction after one lease, so the rows can be
+        # re-claimed and the zombie's late commit fails and retries as a stale attempt.
+        settings={"idle_in_transaction_session_timeout": str(int(options.lease_seconds * 1000))},
+    )
+    redis = PrivateRedis(port=pick_port(options.redis_port, {pg.port}), directory=log_dir / "redis")
+    stack = None
+    stop = threading.Event()
+    canceller = None
+    injector = None
+    try:
+        say(f"chaos: private PostgreSQL {pg.version}/{pg.name} on 127.0.0.1:{pg.port}, "
+            f"redis-server on 127.0.0.1:{redis.port}, logs in {log_dir}")
+        pg.create()
+        redis.start()
+        use_private_database(pg)
+        call_command("migrate", interactive=False, verbosity=0)
+
+        from delaypay.processes import database_url
+
+        stack = Stack(log_dir, env=stack_env(options, redis, database_url()))
+        workers = [f"worker{i + 1}" for i in range(options.workers)]
+        for name in workers:
+            stack.start_worker(name, concurrency=options.concurrency)
+        stack.start_promoter()
+        stack.start_beat()
+        figures = Figures()
+        injector = Injector(stack=stack, pg=pg, redis=redis, options=options, figures=figures, workers=workers)
+
+        # Booting Celery is CPU-heavy: let it finish before timing the workload.
+        wait_for_workers(stack, [*workers, "promoter"])
+        lead = 3.0 + options.payments / 2000  # time to write the payments before the first is due
+        workload = build_workload(options, lead_seconds=lead)
+        say(f"chaos: {len(workload.payments)} payments over {len(workload.deposits)} accounts due in "
+            f"{options.window:.0f}s from t+{max(0.0, workload.first_due - time.time()):.1f}s; "
+            f"{len(workload.cancels)} cancels; injecting")
+
+        canceller = threading.Thread(target=cancel_while_draining, args=(workload, figures, stop), daemon=True)
+        canceller.start()
+        injector.run(plan, first_due=workload.first_due, stop=stop)
+        injector.resume_everything()
+        injector.supervise()
+        injected_until = time.monotonic()
+        say(f"chaos: faults over ({sum(figures.injected.values())} injected); converging")
+        canceller.join()
+        # Converge with the supervisor still on duty.
+        converged = False
+        deadline = time.monotonic() + options.converge_timeout
+        while time.monotonic() < deadline:
+            injector.supervise()
+            if db_retry(unfinished) == 0:
+                converged = True
+                break
+            time.sleep(0.25)
+        waited = time.monotonic() - injected_until
+        stack.stop()
+        outcome = measure(workload, figures, converged=converged, converge_seconds=waited, options=options,
+                          total_seconds=time.monotonic() - started, log_dir=log_dir)
+        (log_dir / "figures.json").write_text(json.dumps(outcome.figures, indent=2, default=str))
+        return outcome
+    finally:
+        stop.set()
+        if injector is not None:
+            injector.resume_everything()
+        if stack is not None:
+            stack.stop()
+        if canceller is not None:
+            canceller.join(timeout=10)
+        connections.close_all()
+        redis.stop()
+        if options.keep:
+            say(f"chaos: kept cluster {pg.version}/{pg.name} (port {pg.port}); drop it with "
+                f"pg_dropcluster --stop {pg.version} {pg.name}")
+        elif pg.created:
+            pg.drop()

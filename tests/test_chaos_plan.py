@@ -1,0 +1,42 @@
+"""The fault plan of the chaos run: a pure function of the seed, covering every fault."""
+
+import itertools
+import socket
+
+import pytest
+
+from delaypay.chaos import MINIMUM_FAULTS, Options, fault_plan, plan_digest
+from delaypay.sandbox import pick_port
+
+
+def test_a_seed_replays_the_same_fault_schedule():
+    assert fault_plan(Options(seed=1234)) == fault_plan(Options(seed=1234))
+    assert plan_digest(fault_plan(Options(seed=1234))) != plan_digest(fault_plan(Options(seed=1235)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_plan_has_every_fault_and_no_overlapping_outage_of_one_service(seed):
+    options = Options(seed=seed, faults=20, window=30)
+    plan = fault_plan(options)
+    assert len(plan) == 20
+    for kind, minimum in MINIMUM_FAULTS.items():
+        assert sum(f.kind == kind for f in plan) >= minimum, kind
+    for kind in ("restart_redis", "restart_postgres"):
+        outages = sorted((f.at, f.at + f.duration) for f in plan if f.kind == kind)
+        assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(outages))
+    pause = next(f for f in plan if f.kind == "pause_worker")
+    assert pause.duration > 2 * options.lease_seconds  # the zombie outlives its lease
+
+
+def test_too_few_faults_to_cover_every_kind_is_refused():
+    assert fault_plan(Options(faults=0)) == []
+    with pytest.raises(ValueError, match="at least"):
+        fault_plan(Options(faults=sum(MINIMUM_FAULTS.values()) - 1))
+
+
+def test_pick_port_skips_a_port_in_use():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert pick_port(port) != port
