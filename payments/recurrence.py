@@ -12,6 +12,12 @@ Two kinds of rule:
 * ``cron``: five fields (croniter) evaluated in the rule's time zone. A wall-clock time
   that happens twice when clocks go back fires once; one skipped when clocks go
   forward fires at the first valid instant after the gap.
+
+A series whose next instant would fall past year 9999, or a cron expression that no
+longer matches any date, simply has no next occurrence: computing one never raises,
+because the promoter's tick computes it (an exception there would stop every payment).
+Intervals are at most MAX_INTERVAL_YEARS long, and a cron expression that matches no
+date at all ("0 0 30 2 *") is refused when the rule is validated.
 """
 
 import itertools
@@ -29,6 +35,9 @@ _DURATION_RE = re.compile(
 )
 _CALENDAR = ("years", "months", "weeks", "days")
 _CLOCK = ("hours", "minutes", "seconds")
+# Longer intervals are refused: they are no use for payments and, compounded by a
+# count, reach instants past year 9999 that no datetime can hold.
+MAX_INTERVAL_YEARS = 10
 
 
 class RuleError(ValueError):
@@ -68,6 +77,8 @@ def parse_interval(text: str) -> dict[str, int]:
     parts = {k: int(v) for k, v in match.groupdict().items() if v is not None}
     if not any(parts.values()):
         raise RuleError("The interval must be longer than zero.", field="interval")
+    if _approx_seconds(parts) > MAX_INTERVAL_YEARS * 366 * 86400:
+        raise RuleError(f"The interval must be at most {MAX_INTERVAL_YEARS} years.", field="interval")
     return parts
 
 
@@ -83,7 +94,11 @@ def shortest_interval_seconds(rule: Rule) -> float:
         return days * 86400 - (3600 if days else 0) + clock
     validate_cron(rule.cron)
     it = croniter(rule.cron, rule.start_at.astimezone(rule.zone))
-    times = [it.get_next(datetime) for _ in range(50)]
+    try:
+        times = [it.get_next(datetime) for _ in range(50)]
+    except (CroniterBadDateError, ValueError, OverflowError) as exc:
+        # "0 0 30 2 *": croniter gives up looking for a 30th of February.
+        raise RuleError("The cron expression matches no date, or too few.", field="cron") from exc
     return min((b - a).total_seconds() for a, b in itertools.pairwise(times))
 
 
@@ -133,13 +148,16 @@ def _next_interval(rule: Rule, after: datetime) -> datetime:
     return _interval_occurrence(rule, n)
 
 
-def _next_cron(rule: Rule, after: datetime) -> datetime:
+def _next_cron(rule: Rule, after: datetime) -> datetime | None:
     tz = rule.zone
     base = max(after, rule.start_at - timedelta(microseconds=1)).astimezone(tz)
     it = croniter(rule.cron, base)
     previous_wall = base.replace(tzinfo=None, fold=0)
     for _ in range(1000):
-        candidate = it.get_next(datetime)
+        try:
+            candidate = it.get_next(datetime)
+        except (CroniterBadDateError, ValueError, OverflowError):
+            return None  # no matching date any more, or past year 9999
         wall = candidate.replace(tzinfo=None, fold=0)
         # Clocks went back: the same wall time again is the same occurrence, fire once.
         if wall == previous_wall:
@@ -154,8 +172,13 @@ MAX_COUNT = 10_000
 def next_occurrence(rule: Rule, *, after: datetime) -> datetime | None:
     """The first occurrence strictly after ``after`` (the start itself counts when
     ``after`` precedes it), or None past ``end_at``."""
-    moment = _next_interval(rule, after) if rule.interval else _next_cron(rule, after)
-    if rule.end_at is not None and moment > rule.end_at:
+    try:
+        moment = _next_interval(rule, after) if rule.interval else _next_cron(rule, after)
+    except (ValueError, OverflowError) as exc:
+        if isinstance(exc, RuleError):
+            raise
+        return None  # the next instant is past year 9999: the series has run out
+    if moment is None or (rule.end_at is not None and moment > rule.end_at):
         return None
     return moment
 

@@ -223,3 +223,21 @@ def test_update_replaces_the_pending_occurrence_under_the_new_terms():
     assert [p.amount for p in live] == [25]
     with pytest.raises(VersionMismatch):
         recurring_update(recurring_id=rec.id, actor=a.owner, amount=30, expected_version=rec.version)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"interval": "", "cron": "0 0 30 2 *"}, "cron"), ({"interval": "P5000Y"}, "interval"),
+     ({"interval": "P1Y", "count": 10_000}, None)],
+    ids=["cron-no-date", "interval-too-long", "count-past-9999"],
+)
+def test_rules_that_reach_no_or_unrepresentable_dates_never_raise_unexpectedly(kwargs, field):
+    a, b = funded_account(), funded_account()
+    if field is None:
+        rec = recurring(a, b, **kwargs)  # runs out at year 9999: accepted, and no crash
+        assert rec.status == "ACTIVE" and rec.last_at is None
+        return
+    with pytest.raises(PaymentValidationError) as err:
+        recurring(a, b, **kwargs)
+    assert field in err.value.fields
