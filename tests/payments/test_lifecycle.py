@@ -241,3 +241,24 @@ def test_rules_that_reach_no_or_unrepresentable_dates_never_raise_unexpectedly(k
     with pytest.raises(PaymentValidationError) as err:
         recurring(a, b, **kwargs)
     assert field in err.value.fields
+
+
+@pytest.mark.django_db
+def test_a_schedule_that_cannot_be_generated_holds_up_neither_the_others_nor_the_claim(caplog):
+    a, b = funded_account(balance=100), funded_account()
+    long_ago = timezone.now() - timedelta(hours=1)
+    # Bad data no service would write (a bug, a hand edit): its rule cannot be evaluated.
+    broken = RecurringPayment.objects.create(
+        payer=a.owner, from_account=a, to_account=b, amount=1, start_at=long_ago, interval="every day",
+        next_occurrence_at=long_ago, last_occurrence_at=long_ago,
+    )
+    healthy = recurring(a, b, start_at=timezone.now() + timedelta(hours=1))
+    RecurringPayment.objects.filter(pk=healthy.pk).update(last_occurrence_at=long_ago)
+    due = due_payment(source=a, target=b, amount=5)
+
+    assert recurring_generate_due() == 1
+    assert len(occurrences(healthy)) == 2
+    assert not occurrences(broken)
+    assert RecurringPayment.objects.get(pk=broken.pk).next_occurrence_at == long_ago  # left as it was
+    assert "recurring occurrence not generated" in caplog.text
+    assert claim_due(batch=10, lease_seconds=60).fresh == [(due.id, 1)]
