@@ -199,13 +199,19 @@ def recurring_create(
     return rec
 
 
-def _locked(rec_id: str, expected_version: int | None) -> RecurringPayment:
+def _locked(rec_id: str) -> RecurringPayment:
     rec = RecurringPayment.objects.select_for_update().filter(pk=rec_id).first()
     if rec is None:
         raise RecurringNotFound()
+    return rec
+
+
+def _check_version(rec: RecurringPayment, expected_version: int | None) -> None:
+    """If-Match is checked only when the call would change something: a retry of a
+    pause, resume, end or update that already took effect succeeds as a no-op, like
+    ``payment_update``, whatever version the retry carries."""
     if expected_version is not None and rec.version != expected_version:
         raise VersionMismatch(rec.version)
-    return rec
 
 
 def _transition(rec: RecurringPayment, to: str, **changes) -> None:
@@ -220,11 +226,12 @@ def recurring_pause(*, recurring_id: str, actor, expected_version: int | None = 
     """ACTIVE -> PAUSED: no new occurrences; the pending one is cancelled. Pausing a
     paused schedule is a no-op."""
     with transaction.atomic():
-        rec = _locked(recurring_id, expected_version)
+        rec = _locked(recurring_id)
         if rec.status == RecurringStatus.PAUSED:
             return rec
         if rec.status != RecurringStatus.ACTIVE:
             raise RecurringStateError(rec.status)
+        _check_version(rec, expected_version)
         _transition(rec, RecurringStatus.PAUSED)
         cancelled = _cancel_pending(rec.id, actor)
         _record(rec.id, RecurringEvent.Kind.PAUSED, actor, {"cancelled": cancelled})
@@ -235,11 +242,12 @@ def recurring_resume(*, recurring_id: str, actor, expected_version: int | None =
     """PAUSED -> ACTIVE: the next occurrence is the first one after now; the ones missed
     while paused are skipped (recorded on the event), not paid in a burst."""
     with transaction.atomic():
-        rec = _locked(recurring_id, expected_version)
+        rec = _locked(recurring_id)
         if rec.status == RecurringStatus.ACTIVE:
             return rec
         if rec.status != RecurringStatus.PAUSED:
             raise RecurringStateError(rec.status)
+        _check_version(rec, expected_version)
         paid_up_to = (
             ScheduledPayment.objects.filter(recurring_id=rec.id)
             .exclude(status=PaymentStatus.CANCELLED)
@@ -267,7 +275,11 @@ def recurring_resume(*, recurring_id: str, actor, expected_version: int | None =
 def recurring_end(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
     """End the schedule for good and cancel its pending occurrence. Idempotent."""
     with transaction.atomic():
-        rec = _locked(recurring_id, expected_version)
+        rec = _locked(recurring_id)
+        pending = ScheduledPayment.objects.filter(recurring_id=rec.id, status=PaymentStatus.SCHEDULED).exists()
+        if rec.status == RecurringStatus.ENDED and not pending:
+            return rec
+        _check_version(rec, expected_version)
         cancelled = _cancel_pending(rec.id, actor)
         if rec.status != RecurringStatus.ENDED:
             _transition(rec, RecurringStatus.ENDED, next_occurrence_at=None)
@@ -289,7 +301,7 @@ def recurring_update(
     if unknown:
         raise PaymentValidationError({name: ["Unknown field."] for name in sorted(unknown)})
     with transaction.atomic():
-        rec = _locked(recurring_id, expected_version)
+        rec = _locked(recurring_id)
         if rec.status == RecurringStatus.ENDED:
             raise RecurringStateError(rec.status)
         merged = {f: getattr(rec, f) for f in allowed} | changes
@@ -299,6 +311,7 @@ def recurring_update(
             merged["interval"] = ""
         if all(getattr(rec, f) == merged[f] for f in allowed):
             return rec  # nothing changes: a retried PATCH is a no-op
+        _check_version(rec, expected_version)
         errors: dict[str, list[str]] = {}
         last_at = _validated(Terms(**merged), errors)
         if errors:

@@ -262,3 +262,43 @@ def test_a_schedule_that_cannot_be_generated_holds_up_neither_the_others_nor_the
     assert RecurringPayment.objects.get(pk=broken.pk).next_occurrence_at == long_ago  # left as it was
     assert "recurring occurrence not generated" in caplog.text
     assert claim_due(batch=10, lease_seconds=60).fresh == [(due.id, 1)]
+
+
+@pytest.mark.django_db
+def test_a_retried_recurring_change_with_the_version_it_was_made_against_is_a_no_op():
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b, amount=10)
+    v1 = rec.version
+    updated = recurring_update(recurring_id=rec.id, actor=a.owner, amount=25, expected_version=v1)
+    # The response was lost; the client retries the same request with the same If-Match.
+    assert recurring_update(recurring_id=rec.id, actor=a.owner, amount=25, expected_version=v1).version == (
+        updated.version
+    )
+    state = lambda r: (r.status, r.version)  # noqa: E731 - model equality compares only the pk
+    paused = recurring_pause(recurring_id=rec.id, actor=a.owner, expected_version=updated.version)
+    assert state(recurring_pause(recurring_id=rec.id, actor=a.owner, expected_version=updated.version)) == state(paused)
+    resumed = recurring_resume(recurring_id=rec.id, actor=a.owner, expected_version=paused.version)
+    assert state(recurring_resume(recurring_id=rec.id, actor=a.owner, expected_version=paused.version)) == (
+        state(resumed)
+    )
+    ended = recurring_end(recurring_id=rec.id, actor=a.owner, expected_version=resumed.version)
+    assert state(recurring_end(recurring_id=rec.id, actor=a.owner, expected_version=resumed.version)) == state(ended)
+    assert RecurringEvent.objects.filter(recurring=rec).exclude(kind="generated").count() == 5
+    # A real change against a stale version is still refused.
+    other = recurring(a, b)
+    recurring_update(recurring_id=other.id, actor=a.owner, amount=11)
+    with pytest.raises(VersionMismatch):
+        recurring_pause(recurring_id=other.id, actor=a.owner, expected_version=other.version)
+    with pytest.raises(VersionMismatch):
+        recurring_end(recurring_id=other.id, actor=a.owner, expected_version=other.version)
+
+
+@pytest.mark.django_db
+def test_ending_a_completed_series_still_cancels_its_pending_last_occurrence():
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b, count=1)
+    assert rec.status == "ENDED"
+    (last,) = occurrences(rec)
+    assert last.status == PaymentStatus.SCHEDULED
+    recurring_end(recurring_id=rec.id, actor=a.owner)
+    assert ScheduledPayment.objects.get(pk=last.pk).status == PaymentStatus.CANCELLED
