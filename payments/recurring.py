@@ -238,6 +238,29 @@ def recurring_pause(*, recurring_id: str, actor, expected_version: int | None = 
     return RecurringPayment.objects.get(pk=recurring_id)
 
 
+def _missed_after(rec: RecurringPayment) -> datetime:
+    """The instant after which occurrences count as missed while paused: just before
+    the earliest occurrence the pause cancelled, else the pause itself. Not the last
+    paid occurrence: occurrences before the series was created, or replaced by an
+    update, were never going to be paid and were not missed."""
+    pause = RecurringEvent.objects.filter(recurring_id=rec.id, kind=RecurringEvent.Kind.PAUSED).order_by("-id").first()
+    if pause is None:  # paused by hand in the database: fall back to the last paid occurrence
+        return (
+            ScheduledPayment.objects.filter(recurring_id=rec.id)
+            .exclude(status=PaymentStatus.CANCELLED)
+            .order_by("-occurrence_at")
+            .values_list("occurrence_at", flat=True)
+            .first()
+        ) or rec.start_at - timedelta(microseconds=1)
+    first_cancelled = (
+        ScheduledPayment.objects.filter(pk__in=pause.data.get("cancelled", []))
+        .order_by("occurrence_at")
+        .values_list("occurrence_at", flat=True)
+        .first()
+    )
+    return first_cancelled - timedelta(microseconds=1) if first_cancelled else pause.created_at
+
+
 def recurring_resume(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
     """PAUSED -> ACTIVE: the next occurrence is the first one after now; the ones missed
     while paused are skipped (recorded on the event), not paid in a burst."""
@@ -248,14 +271,9 @@ def recurring_resume(*, recurring_id: str, actor, expected_version: int | None =
         if rec.status != RecurringStatus.PAUSED:
             raise RecurringStateError(rec.status)
         _check_version(rec, expected_version)
-        paid_up_to = (
-            ScheduledPayment.objects.filter(recurring_id=rec.id)
-            .exclude(status=PaymentStatus.CANCELLED)
-            .order_by("-occurrence_at")
-            .values_list("occurrence_at", flat=True)
-            .first()
-        ) or rec.start_at - timedelta(microseconds=1)
-        skipped = occurrences_between(rule_of(rec), after=paid_up_to, until=db_now(), limit=SKIPPED_RECORD_LIMIT)
+        skipped = occurrences_between(
+            rule_of(rec), after=_missed_after(rec), until=db_now(), limit=SKIPPED_RECORD_LIMIT
+        )
         _transition(rec, RecurringStatus.ACTIVE)
         rec.refresh_from_db()
         payment = _start_from_now(rec, actor)

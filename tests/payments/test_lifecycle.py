@@ -302,3 +302,17 @@ def test_ending_a_completed_series_still_cancels_its_pending_last_occurrence():
     assert last.status == PaymentStatus.SCHEDULED
     recurring_end(recurring_id=rec.id, actor=a.owner)
     assert ScheduledPayment.objects.get(pk=last.pk).status == PaymentStatus.CANCELLED
+
+
+@pytest.mark.django_db
+def test_resume_records_as_skipped_only_what_the_pause_missed():
+    a, b = funded_account(), funded_account()
+    # Anchored ten minutes ago: the occurrences before creation were never due to be paid.
+    rec = recurring(a, b, start_at=timezone.now() - timedelta(minutes=10), interval="PT1M")
+    (pending,) = occurrences(rec)
+    recurring_pause(recurring_id=rec.id, actor=a.owner)
+    recurring_resume(recurring_id=rec.id, actor=a.owner)
+    event = RecurringEvent.objects.get(recurring=rec, kind="resumed")
+    assert event.data["skipped"] == []  # the cancelled occurrence is still ahead: generated again
+    live = [p for p in occurrences(rec) if p.status == PaymentStatus.SCHEDULED]
+    assert [p.occurrence_at for p in live] == [pending.occurrence_at]
