@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from ledger.models import Transfer
@@ -10,6 +11,8 @@ from payments.execution import execute_batch
 from payments.models import IdempotencyKey, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due
 from tests.api import assert_error, future, patch, payment_body, post
+from tests.concurrency import run_concurrently, start_thread, wait_for_lock_waiters
+from tests.conftest import client_for
 from tests.factories import funded_account
 
 pytestmark = pytest.mark.django_db
@@ -230,3 +233,33 @@ def test_a_payment_started_within_its_expiry_runs(api, accounts):
     ScheduledPayment.objects.filter(pk=body["payment_id"]).update(execute_at=timezone.now() - timedelta(minutes=2))
     execute_batch(pairs=claim_due(batch=10, lease_seconds=60).fresh)
     assert stored(body).status == PaymentStatus.EXECUTED
+
+
+# --- races: PATCH against PATCH and against the claim ---------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_patches_with_the_same_if_match_one_wins_the_other_is_412(user, accounts):
+    payment = post(client_for(user), "/api/v1/payments", payment_body(*accounts, amount=10), key="p").json()
+    results = run_concurrently(
+        lambda: patch(client_for(user), url(payment), {"amount": 20}, HTTP_IF_MATCH='"1"'),
+        lambda: patch(client_for(user), url(payment), {"amount": 30}, HTTP_IF_MATCH='"1"'),
+    )
+    assert sorted(r.status_code for r in results) == [200, 412]
+    winner = next(r for r in results if r.status_code == 200).json()
+    assert (stored(payment).amount, stored(payment).version) == (winner["amount"], 2)
+    assert PaymentEvent.objects.filter(payment_id=payment["payment_id"], kind="updated").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_patch_that_waits_on_the_claim_answers_409(user, accounts):
+    payment = post(client_for(user), "/api/v1/payments", payment_body(*accounts), key="p").json()
+    ScheduledPayment.objects.filter(pk=payment["payment_id"]).update(execute_at=timezone.now() - timedelta(minutes=2))
+    with transaction.atomic():
+        assert claim_due(batch=10, lease_seconds=60).fresh == [(payment["payment_id"], 1)]  # not committed yet
+        join = start_thread(lambda: patch(client_for(user), url(payment), {"amount": 99}))
+        wait_for_lock_waiters(1)  # the PATCH waits on the claimed row
+    body = assert_error(join(), 409, "payment_not_editable")
+    assert body["status"] == "EXECUTING"
+    assert stored(payment).amount == 25
+
