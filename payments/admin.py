@@ -65,8 +65,7 @@ STATUS_TONES = {
     RecurringStatus.ENDED: "grey",
 }
 
-# One request cancels at most this many payments (one short transaction each); a
-# "select all 1,000,000" must not turn into a request that runs for an hour.
+# One request cancels at most this many payments (one short transaction each).
 MAX_CANCEL_PER_ACTION = 500
 
 # More search terms than this are ignored (each is an exact id or username).
@@ -157,8 +156,40 @@ class PaymentEventInline(ReadOnlyAdminMixin, admin.TabularInline):
         return super().get_queryset(request).select_related("actor_user")
 
 
+class PayerToPayeeAdminMixin:
+    """What payments and recurring payments show alike: who pays whom (owners linked to
+    their accounts), a status badge, and every field of the fieldsets read-only."""
+
+    list_select_related = ("from_account__owner", "to_account__owner")
+    from_col = display_column("from_account", account_cell, "from")
+    to_col = display_column("to_account", account_cell, "to")
+    status_col = display_column("status", status_badge, "status")
+
+    def get_readonly_fields(self, request, obj=None):
+        return flatten_fieldsets(self.fieldsets)
+
+    @staticmethod
+    def search_condition(*, terms: list[str]):
+        raise NotImplementedError
+
+    def get_search_results(self, request, queryset, search_term):
+        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        if not terms:
+            return queryset, False
+        return queryset.filter(self.search_condition(terms=terms)), False
+
+    def selected_ids(self, request, queryset, *, limit: int, refusal: str) -> list[str] | None:
+        """The selection's ids, or None (saying ``refusal``) when it is over ``limit``: a
+        "select all 1,000,000" must not become a request that runs for an hour."""
+        ids = sorted(queryset.order_by().values_list("pk", flat=True)[: limit + 1])
+        if len(ids) > limit:
+            self.message_user(request, refusal, messages.ERROR)
+            return None
+        return ids
+
+
 @admin.register(ScheduledPayment)
-class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "from_col",
@@ -170,7 +201,6 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         "executed_at_col",
         "failure_reason",
     )
-    list_select_related = ("from_account__owner", "to_account__owner")
     list_filter = ("status", DueFilter, FailureReasonFilter)
     date_hierarchy = "execute_at"
     # Newest due first; served backwards by the (execute_at, id) index.
@@ -204,14 +234,8 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
 
-    def get_readonly_fields(self, request, obj=None):
-        return flatten_fieldsets(self.fieldsets)
-
-    from_col = display_column("from_account", account_cell, "from")
-    to_col = display_column("to_account", account_cell, "to")
     execute_at_col = display_column("execute_at", utc_text, "execute at (UTC)")
     executed_at_col = display_column("executed_at", utc_text, "executed at (UTC)")
-    status_col = display_column("status", status_badge, "status")
 
     @admin.display(description="ledger transfer")
     def ledger_transfer(self, obj):
@@ -227,11 +251,7 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
             transfer.created_at.isoformat(),
         )
 
-    def get_search_results(self, request, queryset, search_term):
-        terms = search_term.split()[:MAX_SEARCH_TERMS]
-        if not terms:
-            return queryset, False
-        return queryset.filter(payment_search_condition(terms=terms)), False
+    search_condition = staticmethod(payment_search_condition)
 
     # --- cancel: the bulk action and the detail page's button --------------------
 
@@ -240,15 +260,10 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
 
     @admin.action(description="Cancel selected payments", permissions=["cancel"])
     def cancel_selected(self, request, queryset):
-        ids = sorted(queryset.order_by().values_list("pk", flat=True)[: MAX_CANCEL_PER_ACTION + 1])
-        if len(ids) > MAX_CANCEL_PER_ACTION:
-            self.message_user(
-                request,
-                f"Select at most {MAX_CANCEL_PER_ACTION} payments per cancel; nothing was cancelled.",
-                messages.ERROR,
-            )
-            return
-        self.cancel_and_report(request, ids)
+        refusal = f"Select at most {MAX_CANCEL_PER_ACTION} payments per cancel; nothing was cancelled."
+        ids = self.selected_ids(request, queryset, limit=MAX_CANCEL_PER_ACTION, refusal=refusal)
+        if ids is not None:
+            self.cancel_and_report(request, ids)
 
     def cancel_and_report(self, request, payment_ids: list[str]) -> None:
         """Cancel each payment through the service and say what happened to each."""
@@ -334,11 +349,10 @@ def rule_text(obj) -> str:
 
 
 @admin.register(RecurringPayment)
-class RecurringPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class RecurringPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "id", "from_col", "to_col", "amount", "rule_col", "status_col", "next_occurrence_at_col", "created_at_col"
     )
-    list_select_related = ("from_account__owner", "to_account__owner")
     list_filter = ("status",)
     ordering = ("-created_at", "-id")
     search_fields = ("id",)  # shows the box; get_search_results does the matching
@@ -354,12 +368,6 @@ class RecurringPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
 
-    def get_readonly_fields(self, request, obj=None):
-        return flatten_fieldsets(self.fieldsets)
-
-    from_col = display_column("from_account", account_cell, "from")
-    to_col = display_column("to_account", account_cell, "to")
-    status_col = display_column("status", status_badge, "status")
     next_occurrence_at_col = display_column("next_occurrence_at", utc_text, "next occurrence (UTC)")
     created_at_col = display_column("created_at", utc_text, "created (UTC)")
 
@@ -372,11 +380,7 @@ class RecurringPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         url = reverse("admin:payments_scheduledpayment_changelist")
         return format_html('<a href="{}?q={}">every payment of this series</a>', url, obj.pk)
 
-    def get_search_results(self, request, queryset, search_term):
-        terms = search_term.split()[:MAX_SEARCH_TERMS]
-        if not terms:
-            return queryset, False
-        return queryset.filter(recurring_search_condition(terms=terms)), False
+    search_condition = staticmethod(recurring_search_condition)
 
     # --- pause / resume: the list actions and the detail page's buttons -------------
 
@@ -394,14 +398,10 @@ class RecurringPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         self.transition_selected(request, queryset, RecurringStatus.ACTIVE)
 
     def transition_selected(self, request, queryset, status: str) -> None:
-        ids = sorted(queryset.order_by().values_list("pk", flat=True)[: MAX_RECURRING_PER_ACTION + 1])
-        if len(ids) > MAX_RECURRING_PER_ACTION:
-            self.message_user(
-                request, f"Select at most {MAX_RECURRING_PER_ACTION} recurring payments; nothing changed.",
-                messages.ERROR,
-            )
-            return
-        self.transition_and_report(request, ids, status)
+        refusal = f"Select at most {MAX_RECURRING_PER_ACTION} recurring payments; nothing changed."
+        ids = self.selected_ids(request, queryset, limit=MAX_RECURRING_PER_ACTION, refusal=refusal)
+        if ids is not None:
+            self.transition_and_report(request, ids, status)
 
     def transition_and_report(self, request, recurring_ids: list[str], status: str) -> None:
         """Pause or resume each through the service and say what happened to each."""

@@ -202,3 +202,10 @@ def test_payment_detail_shows_jitter_expiry_and_its_series(superuser, series):
 def test_staff_without_any_permission_sees_no_recurring_payments(series):
     client = admin_client_for(UserFactory(is_staff=True))
     assert client.get(CHANGELIST).status_code == 403
+
+
+def test_an_oversized_selection_changes_nothing(support_user, series, monkeypatch):
+    monkeypatch.setattr("payments.admin.MAX_RECURRING_PER_ACTION", 1)
+    response = action(admin_client_for(support_user), "pause_selected", series["daily"], series["weekly_cron"])
+    assert messages_of(response) == ["Select at most 1 recurring payments; nothing changed."]
+    assert RecurringPayment.objects.filter(status=RecurringStatus.ACTIVE).count() == 2
