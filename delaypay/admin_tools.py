@@ -11,6 +11,7 @@ from django.contrib.admin import ShowFacets
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
 from django.core.paginator import Paginator
+from django.forms.models import BaseInlineFormSet
 from django.urls import path
 from django.utils.functional import cached_property
 from django.utils.html import format_html
@@ -83,6 +84,18 @@ class LargeTableAdminMixin:
 
     def get_changelist(self, request, **kwargs):
         return LimitedChangeList
+
+
+class LatestRowsInlineFormSet(BaseInlineFormSet):
+    """An inline that shows only the first ``max_rows`` rows in the inline's ordering
+    (newest first): a recurring payment's occurrences and events grow without bound."""
+
+    max_rows = 50
+
+    def get_queryset(self):
+        if not hasattr(self, "_latest_rows"):
+            self._latest_rows = super().get_queryset()[: self.max_rows]
+        return self._latest_rows
 
 
 def has_model_permission(model_admin, request, action: str) -> bool:

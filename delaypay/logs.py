@@ -139,8 +139,9 @@ class RequestLogMiddleware:
             match = getattr(request, "resolver_match", None)
             if match is not None:
                 fields["view"] = match.view_name
-                if "payment_id" in match.kwargs:
-                    fields["payment_id"] = match.kwargs["payment_id"]
+                for name in ("payment_id", "recurring_id"):
+                    if name in match.kwargs:
+                        fields[name] = match.kwargs[name]
             user = getattr(request, "user", None)
             if user is not None and getattr(user, "is_authenticated", False):
                 fields["user_id"] = user.pk

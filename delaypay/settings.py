@@ -188,6 +188,8 @@ SPECTACULAR_SETTINGS = {
         "AccountKindEnum": "ledger.models.Account.Kind",
         "AttemptOutcomeEnum": "payments.models.ExecutionAttempt.Outcome",
         "ErrorCodeEnum": "payments.api.errors.ERROR_CODE_CHOICES",
+        "RecurringStatusEnum": "payments.models.RecurringStatus",
+        "ErrorStatusEnum": "payments.api.schema.ERROR_STATUS_CHOICES",
     },
     "PATH_CONVERTER_OVERRIDES": {"public_id": {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}},
     "SWAGGER_UI_DIST": "SIDECAR",

@@ -2,7 +2,8 @@
 
 Staff read everything; they change state only through the services the API uses:
 "Cancel selected payments" and the detail page's Cancel button both call
-``payment_cancel_outcome`` (the CAS). No money field, status or time is editable,
+``payment_cancel_outcome`` (the CAS); "Pause" and "Resume" on recurring payments call
+``recurring_pause`` / ``recurring_resume``. No money field, status or time is editable,
 nothing can be added or deleted, and the database triggers would refuse it anyway.
 """
 
@@ -15,6 +16,7 @@ from django.utils.html import format_html
 
 from delaypay.admin_tools import (
     LargeTableAdminMixin,
+    LatestRowsInlineFormSet,
     ReadOnlyAdminMixin,
     badge,
     display_column,
@@ -25,13 +27,24 @@ from delaypay.admin_tools import (
 )
 from ledger.selectors import transfer_by_key
 
-from .exceptions import PaymentNotCancellable, PaymentNotFound
-from .models import ExecutionAttempt, FailureReason, PaymentEvent, PaymentStatus, ScheduledPayment
+from .exceptions import PaymentNotCancellable, PaymentNotFound, RecurringNotFound, RecurringStateError
+from .models import (
+    ExecutionAttempt,
+    FailureReason,
+    PaymentEvent,
+    PaymentStatus,
+    RecurringEvent,
+    RecurringPayment,
+    RecurringStatus,
+    ScheduledPayment,
+)
+from .recurring import recurring_pause, recurring_resume
 from .selectors import (
     payment_due_next_hour_condition,
     payment_due_today_condition,
     payment_overdue_condition,
     payment_search_condition,
+    recurring_search_condition,
 )
 from .services import payment_cancel_outcome
 
@@ -47,10 +60,12 @@ STATUS_TONES = {
     PaymentStatus.EXECUTED: "green",
     PaymentStatus.FAILED: "red",
     PaymentStatus.CANCELLED: "grey",
+    RecurringStatus.ACTIVE: "green",
+    RecurringStatus.PAUSED: "amber",
+    RecurringStatus.ENDED: "grey",
 }
 
-# One request cancels at most this many payments (one short transaction each); a
-# "select all 1,000,000" must not turn into a request that runs for an hour.
+# One request cancels at most this many payments (one short transaction each).
 MAX_CANCEL_PER_ACTION = 500
 
 # More search terms than this are ignored (each is an exact id or username).
@@ -141,8 +156,40 @@ class PaymentEventInline(ReadOnlyAdminMixin, admin.TabularInline):
         return super().get_queryset(request).select_related("actor_user")
 
 
+class PayerToPayeeAdminMixin:
+    """What payments and recurring payments show alike: who pays whom (owners linked to
+    their accounts), a status badge, and every field of the fieldsets read-only."""
+
+    list_select_related = ("from_account__owner", "to_account__owner")
+    from_col = display_column("from_account", account_cell, "from")
+    to_col = display_column("to_account", account_cell, "to")
+    status_col = display_column("status", status_badge, "status")
+
+    def get_readonly_fields(self, request, obj=None):
+        return flatten_fieldsets(self.fieldsets)
+
+    @staticmethod
+    def search_condition(*, terms: list[str]):
+        raise NotImplementedError
+
+    def get_search_results(self, request, queryset, search_term):
+        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        if not terms:
+            return queryset, False
+        return queryset.filter(self.search_condition(terms=terms)), False
+
+    def selected_ids(self, request, queryset, *, limit: int, refusal: str) -> list[str] | None:
+        """The selection's ids, or None (saying ``refusal``) when it is over ``limit``: a
+        "select all 1,000,000" must not become a request that runs for an hour."""
+        ids = sorted(queryset.order_by().values_list("pk", flat=True)[: limit + 1])
+        if len(ids) > limit:
+            self.message_user(request, refusal, messages.ERROR)
+            return None
+        return ids
+
+
 @admin.register(ScheduledPayment)
-class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "from_col",
@@ -154,7 +201,6 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         "executed_at_col",
         "failure_reason",
     )
-    list_select_related = ("from_account__owner", "to_account__owner")
     list_filter = ("status", DueFilter, FailureReasonFilter)
     date_hierarchy = "execute_at"
     # Newest due first; served backwards by the (execute_at, id) index.
@@ -165,6 +211,10 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
     inlines = [ExecutionAttemptInline, PaymentEventInline]
     fieldsets = (
         ("Payment", {"fields": ("id", "payer", "from_account", "to_account", "amount", "execute_at")}),
+        (
+            "Schedule",
+            {"fields": ("requested_execute_at", "jitter_seconds", "expires_after", "recurring", "occurrence_at")},
+        ),
         (
             "State",
             {
@@ -184,14 +234,8 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
 
-    def get_readonly_fields(self, request, obj=None):
-        return flatten_fieldsets(self.fieldsets)
-
-    from_col = display_column("from_account", account_cell, "from")
-    to_col = display_column("to_account", account_cell, "to")
     execute_at_col = display_column("execute_at", utc_text, "execute at (UTC)")
     executed_at_col = display_column("executed_at", utc_text, "executed at (UTC)")
-    status_col = display_column("status", status_badge, "status")
 
     @admin.display(description="ledger transfer")
     def ledger_transfer(self, obj):
@@ -207,11 +251,7 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
             transfer.created_at.isoformat(),
         )
 
-    def get_search_results(self, request, queryset, search_term):
-        terms = search_term.split()[:MAX_SEARCH_TERMS]
-        if not terms:
-            return queryset, False
-        return queryset.filter(payment_search_condition(terms=terms)), False
+    search_condition = staticmethod(payment_search_condition)
 
     # --- cancel: the bulk action and the detail page's button --------------------
 
@@ -220,15 +260,10 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
 
     @admin.action(description="Cancel selected payments", permissions=["cancel"])
     def cancel_selected(self, request, queryset):
-        ids = sorted(queryset.order_by().values_list("pk", flat=True)[: MAX_CANCEL_PER_ACTION + 1])
-        if len(ids) > MAX_CANCEL_PER_ACTION:
-            self.message_user(
-                request,
-                f"Select at most {MAX_CANCEL_PER_ACTION} payments per cancel; nothing was cancelled.",
-                messages.ERROR,
-            )
-            return
-        self.cancel_and_report(request, ids)
+        refusal = f"Select at most {MAX_CANCEL_PER_ACTION} payments per cancel; nothing was cancelled."
+        ids = self.selected_ids(request, queryset, limit=MAX_CANCEL_PER_ACTION, refusal=refusal)
+        if ids is not None:
+            self.cancel_and_report(request, ids)
 
     def cancel_and_report(self, request, payment_ids: list[str]) -> None:
         """Cancel each payment through the service and say what happened to each."""
@@ -270,17 +305,170 @@ class ScheduledPaymentAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.Mode
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
 
+# --- recurring payments -------------------------------------------------------------------
+
+# One request pauses or resumes at most this many recurring payments.
+MAX_RECURRING_PER_ACTION = 500
+
+
+class OccurrenceInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = ScheduledPayment
+    fk_name = "recurring"
+    formset = LatestRowsInlineFormSet
+    verbose_name = "occurrence"
+    verbose_name_plural = (
+        f"occurrences (the latest {LatestRowsInlineFormSet.max_rows}; search the payments for the recurring id "
+        "to see them all)"
+    )
+    fields = ("payment_col", "occurrence_at", "execute_at", "amount", "status_col", "failure_reason")
+    readonly_fields = fields
+    ordering = ("-occurrence_at", "-id")
+    extra = 0
+    can_delete = False
+    payment_col = display_column("id", payment_link, "payment")
+    status_col = display_column("status", status_badge, "status")
+
+
+class RecurringEventInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = RecurringEvent
+    formset = LatestRowsInlineFormSet
+    verbose_name_plural = f"event history (the latest {LatestRowsInlineFormSet.max_rows}, newest first)"
+    fields = ("created_at", "kind", "actor", "actor_user", "data")
+    readonly_fields = fields
+    ordering = ("-id",)
+    extra = 0
+    can_delete = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("actor_user")
+
+
+def rule_text(obj) -> str:
+    rule = obj.interval or f"cron {obj.cron}"
+    return rule if obj.timezone == "UTC" else f"{rule} ({obj.timezone})"
+
+
+@admin.register(RecurringPayment)
+class RecurringPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = (
+        "id", "from_col", "to_col", "amount", "rule_col", "status_col", "next_occurrence_at_col", "created_at_col"
+    )
+    list_filter = ("status",)
+    ordering = ("-created_at", "-id")
+    search_fields = ("id",)  # shows the box; get_search_results does the matching
+    search_help_text = (
+        "Exact recurring payment id, account id or account owner's username; several separated by spaces."
+    )
+    actions = ["pause_selected", "resume_selected"]
+    inlines = [OccurrenceInline, RecurringEventInline]
+    fieldsets = (
+        ("Recurring payment", {"fields": ("id", "payer", "from_account", "to_account", "amount")}),
+        ("Rule", {"fields": ("start_at", "rule_col", "end_at", "count", "last_at")}),
+        ("State", {"fields": ("status_col", "next_occurrence_at", "last_occurrence_at", "version", "occurrences_col")}),
+        ("Record", {"fields": ("created_at", "updated_at")}),
+    )
+
+    next_occurrence_at_col = display_column("next_occurrence_at", utc_text, "next occurrence (UTC)")
+    created_at_col = display_column("created_at", utc_text, "created (UTC)")
+
+    @admin.display(description="rule")
+    def rule_col(self, obj):
+        return rule_text(obj)
+
+    @admin.display(description="all occurrences")
+    def occurrences_col(self, obj):
+        url = reverse("admin:payments_scheduledpayment_changelist")
+        return format_html('<a href="{}?q={}">every payment of this series</a>', url, obj.pk)
+
+    search_condition = staticmethod(recurring_search_condition)
+
+    # --- pause / resume: the list actions and the detail page's buttons -------------
+
+    def has_pause_permission(self, request, obj=None) -> bool:
+        return has_model_permission(self, request, "pause")
+
+    @admin.action(description="Pause selected recurring payments (their scheduled occurrence is cancelled)",
+                  permissions=["pause"])
+    def pause_selected(self, request, queryset):
+        self.transition_selected(request, queryset, RecurringStatus.PAUSED)
+
+    @admin.action(description="Resume selected recurring payments (from now; missed occurrences are skipped)",
+                  permissions=["pause"])
+    def resume_selected(self, request, queryset):
+        self.transition_selected(request, queryset, RecurringStatus.ACTIVE)
+
+    def transition_selected(self, request, queryset, status: str) -> None:
+        refusal = f"Select at most {MAX_RECURRING_PER_ACTION} recurring payments; nothing changed."
+        ids = self.selected_ids(request, queryset, limit=MAX_RECURRING_PER_ACTION, refusal=refusal)
+        if ids is not None:
+            self.transition_and_report(request, ids, status)
+
+    def transition_and_report(self, request, recurring_ids: list[str], status: str) -> None:
+        """Pause or resume each through the service and say what happened to each."""
+        service, verb = (
+            (recurring_pause, "Paused") if status == RecurringStatus.PAUSED else (recurring_resume, "Resumed")
+        )
+        before = dict(RecurringPayment.objects.filter(pk__in=recurring_ids).values_list("pk", "status"))
+        changed, already, refused, missing = [], [], [], []
+        for recurring_id in recurring_ids:
+            try:
+                rec = service(recurring_id=recurring_id, actor=request.user)
+            except RecurringStateError as exc:
+                refused.append(f"{recurring_id} is {exc.status}")
+                continue
+            except RecurringNotFound:
+                missing.append(recurring_id)
+                continue
+            if before.get(recurring_id) == status:
+                already.append(recurring_id)
+            else:
+                changed.append(recurring_id)
+                self.log_change(request, rec, f"{verb} from the admin.")
+        report(request, messages.SUCCESS, verb, changed)
+        report(request, messages.INFO, f"Already {status}", already)
+        report(request, messages.WARNING, "Refused", refused)
+        report(request, messages.ERROR, "No such recurring payment", missing)
+
+    def get_urls(self):
+        return [
+            object_view_url(self, "pause", self.pause_view),
+            object_view_url(self, "resume", self.resume_view),
+            *super().get_urls(),
+        ]
+
+    def pause_view(self, request, object_id):
+        return self.transition_view(request, object_id, RecurringStatus.PAUSED)
+
+    def resume_view(self, request, object_id):
+        return self.transition_view(request, object_id, RecurringStatus.ACTIVE)
+
+    def transition_view(self, request, object_id, status: str):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        self.transition_and_report(request, [unquote(object_id)], status)
+        return HttpResponseRedirect(reverse("admin:payments_recurringpayment_change", args=[object_id]))
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        allowed = obj is not None and self.has_pause_permission(request, obj)
+        context["can_pause"] = allowed and obj.status == RecurringStatus.ACTIVE
+        context["can_resume"] = allowed and obj.status == RecurringStatus.PAUSED
+        return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
+
+
 class PaymentAuditAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """The append-only tables beside a payment, newest first, searched by payment id."""
 
     ordering = ("-id",)
     search_fields = ("payment__id",)  # shows the box; get_search_results does the matching
     search_help_text = "Exact payment id; several separated by spaces."
+    search_by = "payment_id"
     payment_col = display_column("payment_id", payment_link, "payment", ordering="payment")
 
     def get_search_results(self, request, queryset, search_term):
         terms = search_term.split()[:MAX_SEARCH_TERMS]
-        return (queryset.filter(payment_id__in=terms) if terms else queryset), False
+        return (queryset.filter(**{f"{self.search_by}__in": terms}) if terms else queryset), False
 
 
 @admin.register(PaymentEvent)
@@ -295,3 +483,14 @@ class PaymentEventAdmin(PaymentAuditAdmin):
 class ExecutionAttemptAdmin(PaymentAuditAdmin):
     list_display = ("id", "payment_col", "attempt", "outcome", "started_at", "finished_at", "worker")
     list_filter = ("outcome",)
+
+
+@admin.register(RecurringEvent)
+class RecurringEventAdmin(PaymentAuditAdmin):
+    """A recurring payment's audit trail on its own, including the skipped occurrences."""
+
+    list_display = ("id", "created_at", "recurring", "kind", "actor")
+    list_filter = ("kind",)
+    search_fields = ("recurring__id",)
+    search_help_text = "Exact recurring payment id; several separated by spaces."
+    search_by = "recurring_id"

@@ -95,11 +95,16 @@ class IdempotencyKeyInUse(DomainError):
     default_detail = "A request with this Idempotency-Key is still in progress; retry shortly."
 
 
-class PaymentCancelForbidden(DomainError):
-    """Staff may read any payment, but cancel another user's only with the cancel permission."""
+class StaffActionForbidden(DomainError):
+    """Staff may read everything, but act on another user's payment or recurring payment
+    only with the permission for that action (superusers have them all)."""
 
     code = "permission_denied"
     http_status = 403
+    default_detail = "You may read this but not do that to it."
+
+
+class PaymentCancelForbidden(StaffActionForbidden):
     default_detail = "You may read this payment but not cancel it."
 
 

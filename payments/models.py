@@ -211,6 +211,7 @@ class RecurringPayment(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+        permissions = [("pause_recurringpayment", "Can pause and resume a recurring payment")]
         constraints = [
             models.CheckConstraint(condition=models.Q(amount__gt=0), name="recurring_amount_positive"),
             models.CheckConstraint(

@@ -12,10 +12,17 @@ Two kinds of rule:
 * ``cron``: five fields (croniter) evaluated in the rule's time zone. A wall-clock time
   that happens twice when clocks go back fires once; one skipped when clocks go
   forward fires at the first valid instant after the gap.
+
+A series whose next instant would fall past year 9999, or a cron expression that no
+longer matches any date, simply has no next occurrence: computing one never raises,
+because the promoter's tick computes it (an exception there would stop every payment).
+Intervals are at most MAX_INTERVAL_YEARS long, and a cron expression that matches no
+date at all ("0 0 30 2 *") is refused when the rule is validated.
 """
 
 import itertools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -29,6 +36,9 @@ _DURATION_RE = re.compile(
 )
 _CALENDAR = ("years", "months", "weeks", "days")
 _CLOCK = ("hours", "minutes", "seconds")
+# Longer intervals are refused: they are no use for payments and, compounded by a
+# count, reach instants past year 9999 that no datetime can hold.
+MAX_INTERVAL_YEARS = 10
 
 
 class RuleError(ValueError):
@@ -68,6 +78,8 @@ def parse_interval(text: str) -> dict[str, int]:
     parts = {k: int(v) for k, v in match.groupdict().items() if v is not None}
     if not any(parts.values()):
         raise RuleError("The interval must be longer than zero.", field="interval")
+    if _approx_seconds(parts) > MAX_INTERVAL_YEARS * 366 * 86400:
+        raise RuleError(f"The interval must be at most {MAX_INTERVAL_YEARS} years.", field="interval")
     return parts
 
 
@@ -83,7 +95,11 @@ def shortest_interval_seconds(rule: Rule) -> float:
         return days * 86400 - (3600 if days else 0) + clock
     validate_cron(rule.cron)
     it = croniter(rule.cron, rule.start_at.astimezone(rule.zone))
-    times = [it.get_next(datetime) for _ in range(50)]
+    try:
+        times = [it.get_next(datetime) for _ in range(50)]
+    except (CroniterBadDateError, ValueError, OverflowError) as exc:
+        # "0 0 30 2 *": croniter gives up looking for a 30th of February.
+        raise RuleError("The cron expression matches no date, or too few.", field="cron") from exc
     return min((b - a).total_seconds() for a, b in itertools.pairwise(times))
 
 
@@ -121,43 +137,73 @@ def _approx_seconds(parts: dict[str, int]) -> float:
     )
 
 
-def _next_interval(rule: Rule, after: datetime) -> datetime:
+def _first_interval_index(rule: Rule, after: datetime) -> int:
+    """The index n of the first occurrence strictly after ``after``."""
     if after < rule.start_at:
-        return rule.start_at.astimezone(UTC)
+        return 0
     step = _approx_seconds(parse_interval(rule.interval))
     n = max(int((after - rule.start_at).total_seconds() // step) - 1, 0)
     while _interval_occurrence(rule, n) <= after:
         n += 1
     while n > 0 and _interval_occurrence(rule, n - 1) > after:
         n -= 1
-    return _interval_occurrence(rule, n)
+    return n
 
 
-def _next_cron(rule: Rule, after: datetime) -> datetime:
-    tz = rule.zone
-    base = max(after, rule.start_at - timedelta(microseconds=1)).astimezone(tz)
+def _iter_interval(rule: Rule, after: datetime) -> Iterator[datetime]:
+    n = _first_interval_index(rule, after)
+    while True:
+        yield _interval_occurrence(rule, n)
+        n += 1
+
+
+def _iter_cron(rule: Rule, after: datetime) -> Iterator[datetime]:
+    base = max(after, rule.start_at - timedelta(microseconds=1)).astimezone(rule.zone)
     it = croniter(rule.cron, base)
     previous_wall = base.replace(tzinfo=None, fold=0)
-    for _ in range(1000):
-        candidate = it.get_next(datetime)
+    repeats = 0
+    while True:
+        try:
+            candidate = it.get_next(datetime)
+        except CroniterBadDateError:
+            return  # no matching date any more
         wall = candidate.replace(tzinfo=None, fold=0)
         # Clocks went back: the same wall time again is the same occurrence, fire once.
         if wall == previous_wall:
+            repeats += 1
+            if repeats > 1000:
+                raise RuleError("The cron expression has no next occurrence.", field="cron")
             continue
-        return candidate.astimezone(UTC)
-    raise RuleError("The cron expression has no next occurrence.", field="cron")
+        repeats = 0
+        previous_wall = wall
+        yield candidate.astimezone(UTC)
 
 
 MAX_COUNT = 10_000
 
 
+def iter_occurrences(rule: Rule, *, after: datetime) -> Iterator[datetime]:
+    """Occurrences strictly after ``after`` (the start itself counts when ``after``
+    precedes it), in order, until ``end_at``. One croniter walks a cron rule, so listing
+    thousands costs one pass."""
+    moments = _iter_interval(rule, after) if rule.interval else _iter_cron(rule, after)
+    while True:
+        try:
+            moment = next(moments)
+        except StopIteration:
+            return
+        except (ValueError, OverflowError) as exc:
+            if isinstance(exc, RuleError):
+                raise
+            return  # the next instant is past year 9999: the series has run out
+        if rule.end_at is not None and moment > rule.end_at:
+            return
+        yield moment
+
+
 def next_occurrence(rule: Rule, *, after: datetime) -> datetime | None:
-    """The first occurrence strictly after ``after`` (the start itself counts when
-    ``after`` precedes it), or None past ``end_at``."""
-    moment = _next_interval(rule, after) if rule.interval else _next_cron(rule, after)
-    if rule.end_at is not None and moment > rule.end_at:
-        return None
-    return moment
+    """The first occurrence strictly after ``after``, or None when the series has ended."""
+    return next(iter_occurrences(rule, after=after), None)
 
 
 def nth_occurrence(rule: Rule, count: int) -> datetime | None:
@@ -168,23 +214,13 @@ def nth_occurrence(rule: Rule, count: int) -> datetime | None:
     """
     if not 1 <= count <= MAX_COUNT:
         raise RuleError(f"Must be between 1 and {MAX_COUNT}.", field="count")
-    moment, cursor = None, rule.start_at - timedelta(microseconds=1)
-    for _ in range(count):
-        moment = next_occurrence(rule, after=cursor)
-        if moment is None:
-            return None
-        cursor = moment
-    return moment
+    moments = itertools.islice(iter_occurrences(rule, after=rule.start_at - timedelta(microseconds=1)), count)
+    listed = list(moments)
+    return listed[-1] if len(listed) == count else None
 
 
 def occurrences_between(rule: Rule, *, after: datetime, until: datetime, limit: int = 1000) -> list[datetime]:
     """Occurrences in (after, until], at most ``limit`` (for recording skipped ones)."""
-    found: list[datetime] = []
-    cursor = after
-    while len(found) < limit:
-        moment = next_occurrence(rule, after=cursor)
-        if moment is None or moment > until:
-            break
-        found.append(moment)
-        cursor = moment
-    return found
+    return list(
+        itertools.islice(itertools.takewhile(lambda m: m <= until, iter_occurrences(rule, after=after)), limit)
+    )

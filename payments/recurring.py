@@ -9,11 +9,12 @@ create an occurrence twice. Every transition of the schedule itself is a CAS on 
 status and version.
 """
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
@@ -27,6 +28,8 @@ from .exceptions import (
 from .models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
 from .recurrence import Rule, RuleError, next_occurrence, nth_occurrence, occurrences_between, shortest_interval_seconds
 from .services import _check_amount, actor_label, check_accounts, create_payment_row, db_now, payment_cancel
+
+logger = logging.getLogger(__name__)
 
 SKIPPED_RECORD_LIMIT = 100
 
@@ -109,8 +112,11 @@ def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPaymen
                 occurrence_at=occurrence_at,
                 actor=f"recurring:{rec.id}",
             )
-    except IntegrityError:
-        pass  # this occurrence already exists: generating it again creates nothing
+    except IntegrityError as exc:
+        # Only "this occurrence already exists" means generating it again creates nothing;
+        # any other violation is a real error (the schedule's savepoint logs and skips it).
+        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != "payments_occurrence_unique":
+            raise
     following = next_occurrence(rule_of(rec), after=occurrence_at)
     ended = following is None
     RecurringPayment.objects.filter(pk=rec.pk).update(
@@ -196,13 +202,19 @@ def recurring_create(
     return rec
 
 
-def _locked(rec_id: str, expected_version: int | None) -> RecurringPayment:
+def _locked(rec_id: str) -> RecurringPayment:
     rec = RecurringPayment.objects.select_for_update().filter(pk=rec_id).first()
     if rec is None:
         raise RecurringNotFound()
+    return rec
+
+
+def _check_version(rec: RecurringPayment, expected_version: int | None) -> None:
+    """If-Match is checked only when the call would change something: a retry of a
+    pause, resume, end or update that already took effect succeeds as a no-op, like
+    ``payment_update``, whatever version the retry carries."""
     if expected_version is not None and rec.version != expected_version:
         raise VersionMismatch(rec.version)
-    return rec
 
 
 def _transition(rec: RecurringPayment, to: str, **changes) -> None:
@@ -217,34 +229,54 @@ def recurring_pause(*, recurring_id: str, actor, expected_version: int | None = 
     """ACTIVE -> PAUSED: no new occurrences; the pending one is cancelled. Pausing a
     paused schedule is a no-op."""
     with transaction.atomic():
-        rec = _locked(recurring_id, expected_version)
+        rec = _locked(recurring_id)
         if rec.status == RecurringStatus.PAUSED:
             return rec
         if rec.status != RecurringStatus.ACTIVE:
             raise RecurringStateError(rec.status)
+        _check_version(rec, expected_version)
         _transition(rec, RecurringStatus.PAUSED)
         cancelled = _cancel_pending(rec.id, actor)
         _record(rec.id, RecurringEvent.Kind.PAUSED, actor, {"cancelled": cancelled})
     return RecurringPayment.objects.get(pk=recurring_id)
 
 
-def recurring_resume(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
-    """PAUSED -> ACTIVE: the next occurrence is the first one after now; the ones missed
-    while paused are skipped (recorded on the event), not paid in a burst."""
-    with transaction.atomic():
-        rec = _locked(recurring_id, expected_version)
-        if rec.status == RecurringStatus.ACTIVE:
-            return rec
-        if rec.status != RecurringStatus.PAUSED:
-            raise RecurringStateError(rec.status)
-        paid_up_to = (
+def _missed_after(rec: RecurringPayment) -> datetime:
+    """The instant after which occurrences count as missed while paused: just before
+    the earliest occurrence the pause cancelled, else the pause itself. Not the last
+    paid occurrence: occurrences before the series was created, or replaced by an
+    update, were never going to be paid and were not missed."""
+    pause = RecurringEvent.objects.filter(recurring_id=rec.id, kind=RecurringEvent.Kind.PAUSED).order_by("-id").first()
+    if pause is None:  # paused by hand in the database: fall back to the last paid occurrence
+        return (
             ScheduledPayment.objects.filter(recurring_id=rec.id)
             .exclude(status=PaymentStatus.CANCELLED)
             .order_by("-occurrence_at")
             .values_list("occurrence_at", flat=True)
             .first()
         ) or rec.start_at - timedelta(microseconds=1)
-        skipped = occurrences_between(rule_of(rec), after=paid_up_to, until=db_now(), limit=SKIPPED_RECORD_LIMIT)
+    first_cancelled = (
+        ScheduledPayment.objects.filter(pk__in=pause.data.get("cancelled", []))
+        .order_by("occurrence_at")
+        .values_list("occurrence_at", flat=True)
+        .first()
+    )
+    return first_cancelled - timedelta(microseconds=1) if first_cancelled else pause.created_at
+
+
+def recurring_resume(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
+    """PAUSED -> ACTIVE: the next occurrence is the first one after now; the ones missed
+    while paused are skipped (recorded on the event), not paid in a burst."""
+    with transaction.atomic():
+        rec = _locked(recurring_id)
+        if rec.status == RecurringStatus.ACTIVE:
+            return rec
+        if rec.status != RecurringStatus.PAUSED:
+            raise RecurringStateError(rec.status)
+        _check_version(rec, expected_version)
+        skipped = occurrences_between(
+            rule_of(rec), after=_missed_after(rec), until=db_now(), limit=SKIPPED_RECORD_LIMIT
+        )
         _transition(rec, RecurringStatus.ACTIVE)
         rec.refresh_from_db()
         payment = _start_from_now(rec, actor)
@@ -264,7 +296,11 @@ def recurring_resume(*, recurring_id: str, actor, expected_version: int | None =
 def recurring_end(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
     """End the schedule for good and cancel its pending occurrence. Idempotent."""
     with transaction.atomic():
-        rec = _locked(recurring_id, expected_version)
+        rec = _locked(recurring_id)
+        pending = ScheduledPayment.objects.filter(recurring_id=rec.id, status=PaymentStatus.SCHEDULED).exists()
+        if rec.status == RecurringStatus.ENDED and not pending:
+            return rec
+        _check_version(rec, expected_version)
         cancelled = _cancel_pending(rec.id, actor)
         if rec.status != RecurringStatus.ENDED:
             _transition(rec, RecurringStatus.ENDED, next_occurrence_at=None)
@@ -286,7 +322,7 @@ def recurring_update(
     if unknown:
         raise PaymentValidationError({name: ["Unknown field."] for name in sorted(unknown)})
     with transaction.atomic():
-        rec = _locked(recurring_id, expected_version)
+        rec = _locked(recurring_id)
         if rec.status == RecurringStatus.ENDED:
             raise RecurringStateError(rec.status)
         merged = {f: getattr(rec, f) for f in allowed} | changes
@@ -296,6 +332,7 @@ def recurring_update(
             merged["interval"] = ""
         if all(getattr(rec, f) == merged[f] for f in allowed):
             return rec  # nothing changes: a retried PATCH is a no-op
+        _check_version(rec, expected_version)
         errors: dict[str, list[str]] = {}
         last_at = _validated(Terms(**merged), errors)
         if errors:
@@ -334,13 +371,23 @@ SELECT id FROM payments_recurringpayment
 
 def recurring_generate_due(*, limit: int = 500) -> int:
     """Generate the next occurrence of every active schedule whose previous occurrence
-    is due. Safe to run concurrently and repeatedly. Returns how many were created."""
+    is due. Safe to run concurrently and repeatedly. Returns how many were created.
+
+    Each schedule is generated in its own savepoint: one that fails (bad data, a bug)
+    is logged and left as it was, and neither the others nor the promoter's claim that
+    follows in the same tick are held up by it."""
     created = 0
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute(DUE_SQL, [limit])
             ids = [row[0] for row in cur.fetchall()]
         for rec in RecurringPayment.objects.filter(pk__in=ids).select_related("payer").order_by("next_occurrence_at"):
-            if _generate(rec, rec.next_occurrence_at) is not None:
-                created += 1
+            try:
+                with transaction.atomic():
+                    if _generate(rec, rec.next_occurrence_at) is not None:
+                        created += 1
+            except (OperationalError, InterfaceError):
+                raise  # the connection is at fault, not this schedule
+            except Exception:
+                logger.exception("recurring occurrence not generated", extra={"recurring_id": rec.id})
     return created

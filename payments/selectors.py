@@ -10,11 +10,12 @@ from django.db.models.functions import Now
 
 from ledger.models import Account
 
-from .exceptions import PaymentCancelForbidden, PaymentNotFound
-from .models import ExecutionAttempt, Heartbeat, PaymentStatus, ScheduledPayment
+from .exceptions import PaymentCancelForbidden, PaymentNotFound, RecurringNotFound, StaffActionForbidden
+from .models import ExecutionAttempt, Heartbeat, PaymentStatus, RecurringPayment, ScheduledPayment
 
 
-def _own(qs: QuerySet[ScheduledPayment], user) -> QuerySet[ScheduledPayment]:
+def _own(qs: QuerySet, user) -> QuerySet:
+    """Rows (payments or recurring payments) the user created or whose source account they own."""
     return qs.filter(Q(payer=user) | Q(from_account__owner=user))
 
 
@@ -55,17 +56,83 @@ def payment_list_for_account(*, user, account_id: str, status: str | None = None
     return qs.filter(Q(from_account_id=account_id) | Q(to_account_id=account_id))
 
 
-def payment_authorize_cancel(*, user, payment_id: str) -> None:
-    """Raise unless ``user`` may cancel the payment: its payer or the owner of the account
-    it debits may; staff, who can read every payment, only with the
-    ``payments.cancel_scheduledpayment`` permission (else 403); anyone else gets 404."""
-    if _own(ScheduledPayment.objects.all(), user).filter(pk=payment_id).exists():
+def _authorize_write(*, user, rows: QuerySet, pk: str, permission: str, forbidden: Exception, missing: Exception):
+    """The one write rule: the payer or the owner of the debited account may; staff, who
+    read everything, only with ``permission`` (else ``forbidden``, 403); anyone else gets
+    ``missing`` (404: existence is not revealed)."""
+    if _own(rows, user).filter(pk=pk).exists():
         return
-    if user.is_staff and ScheduledPayment.objects.filter(pk=payment_id).exists():
-        if user.has_perm("payments.cancel_scheduledpayment"):
+    if user.is_staff and rows.filter(pk=pk).exists():
+        if user.has_perm(permission):
             return
-        raise PaymentCancelForbidden()
-    raise PaymentNotFound()
+        raise forbidden
+    raise missing
+
+
+def payment_authorize_cancel(*, user, payment_id: str) -> None:
+    """Raise unless ``user`` may cancel the payment (staff: ``payments.cancel_scheduledpayment``)."""
+    _authorize_write(
+        user=user, rows=ScheduledPayment.objects.all(), pk=payment_id,
+        permission="payments.cancel_scheduledpayment", forbidden=PaymentCancelForbidden(), missing=PaymentNotFound(),
+    )
+
+
+def payment_authorize_update(*, user, payment_id: str) -> None:
+    """Raise unless ``user`` may change the payment's amount or time. Cancelling is not
+    changing: staff need ``payments.change_scheduledpayment`` (no staff group has it)."""
+    _authorize_write(
+        user=user, rows=ScheduledPayment.objects.all(), pk=payment_id,
+        permission="payments.change_scheduledpayment",
+        forbidden=StaffActionForbidden("You may read this payment but not change it."), missing=PaymentNotFound(),
+    )
+
+
+# --- Recurring payments ----------------------------------------------------------------
+
+# What staff need to act on someone else's recurring payment through the API.
+RECURRING_PERMISSIONS = {
+    "pause": ("payments.pause_recurringpayment", "pause or resume"),  # the support group has it
+    "end": ("payments.delete_recurringpayment", "end"),
+    "change": ("payments.change_recurringpayment", "change"),
+}
+
+
+def recurring_visible_to(*, user) -> QuerySet[RecurringPayment]:
+    """Recurring payments a user may read: those they created or that debit an account
+    they own. Staff see every one."""
+    qs = RecurringPayment.objects.all()
+    return qs if user.is_staff else _own(qs, user)
+
+
+def recurring_get(*, user, recurring_id: str) -> RecurringPayment:
+    """One recurring payment; RecurringNotFound when it is not the user's to see."""
+    rec = recurring_visible_to(user=user).filter(pk=recurring_id).first()
+    if rec is None:
+        raise RecurringNotFound()
+    return rec
+
+
+def recurring_list(*, user, status: str | None = None) -> QuerySet[RecurringPayment]:
+    """The recurring payments ``user`` may see, optionally in one status. Unordered."""
+    qs = recurring_visible_to(user=user)
+    return qs.filter(status=status) if status else qs
+
+
+def recurring_occurrences(*, recurring_id: str) -> QuerySet[ScheduledPayment]:
+    """The payments a recurring payment generated (cancelled ones included). Unordered."""
+    return ScheduledPayment.objects.filter(recurring_id=recurring_id)
+
+
+def recurring_authorize(*, user, recurring_id: str, action: str) -> None:
+    """Raise unless ``user`` may ``action`` (a key of RECURRING_PERMISSIONS) the recurring
+    payment: its payer or the owner of the debited account may; staff with the action's
+    permission may; other staff get 403, anyone else 404."""
+    permission, verb = RECURRING_PERMISSIONS[action]
+    _authorize_write(
+        user=user, rows=RecurringPayment.objects.all(), pk=recurring_id, permission=permission,
+        forbidden=StaffActionForbidden(f"You may read this recurring payment but not {verb} it."),
+        missing=RecurringNotFound(),
+    )
 
 
 # --- Operational health: shared by the admin dashboard and the metrics endpoint -------
@@ -203,10 +270,27 @@ def payment_due_next_hour_condition() -> Q:
 
 def payment_search_condition(*, terms: list[str]) -> Q:
     """What staff search terms match (any of them): a payment id, an account id (either
-    side), or the username owning either account. Account ids are resolved first, in one
-    query, so the payment scan uses the account indexes instead of joining users."""
+    side), the username owning either account, or a recurring payment id (its
+    occurrences). Account ids are resolved first, in one query, so the payment scan uses
+    the account indexes instead of joining users."""
     terms = [t for t in terms if t]
-    account_ids = list(
-        Account.objects.filter(Q(pk__in=terms) | Q(owner__username__in=terms)).values_list("id", flat=True)
+    account_ids = _accounts_matching(terms)
+    return (
+        Q(pk__in=terms)
+        | Q(from_account_id__in=account_ids)
+        | Q(to_account_id__in=account_ids)
+        | Q(recurring_id__in=[t for t in terms if t.startswith("rec_")])  # a series' occurrences
     )
+
+
+def recurring_search_condition(*, terms: list[str]) -> Q:
+    """What staff search terms match among recurring payments: a recurring payment id,
+    an account id (either side), or the username owning either account."""
+    terms = [t for t in terms if t]
+    account_ids = _accounts_matching(terms)
     return Q(pk__in=terms) | Q(from_account_id__in=account_ids) | Q(to_account_id__in=account_ids)
+
+
+def _accounts_matching(terms: list[str]) -> list[str]:
+    """Ids of the accounts a search term names, by id or by owner username."""
+    return list(Account.objects.filter(Q(pk__in=terms) | Q(owner__username__in=terms)).values_list("id", flat=True))

@@ -20,6 +20,12 @@ def post(client, url, body, key=None, **headers):
     return client.post(url, data=data, content_type="application/json", **headers)
 
 
+def patch(client, url, body, **headers):
+    """PATCH ``body`` as JSON (``body`` may be a ready string to send raw)."""
+    data = body if isinstance(body, str | bytes) else json.dumps(body)
+    return client.patch(url, data=data, content_type="application/json", **headers)
+
+
 def payment_body(source: Account, target: Account, **overrides) -> dict:
     return {"from_account": source.id, "to_account": target.id, "amount": 25, "execute_at": future(), **overrides}
 

@@ -24,11 +24,12 @@ hypothesis.settings.register_profile("explore", deadline=None)
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _static_files():
+def pytest_sessionstart(session):
     """Production storage (WhiteNoise's manifest) needs collectstatic, as the release step
     runs. Always run (it only copies what changed) so a manifest from before an app
-    with static files was added cannot go stale."""
+    with static files was added cannot go stale. At session start, before collection:
+    test_api_schemathesis.py builds the WSGI app when it is imported, and WhiteNoise
+    warns (an error under -W error) when STATIC_ROOT does not exist yet."""
     call_command("collectstatic", interactive=False, verbosity=0)
 
 

@@ -9,10 +9,12 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from ledger.models import Account, Transfer
-from payments.models import PaymentStatus, ScheduledPayment
+from payments.models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
 from payments.promoter import claim_due, messages_for
 from payments.services import payment_cancel, payment_schedule
 from payments.tasks import execute_batch, publish_messages
+from tests.api import post
+from tests.conftest import client_for
 from tests.factories import expire_lease, funded_account
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -96,3 +98,43 @@ def test_duplicate_and_stale_messages_through_the_broker_move_money_once(celery_
         (1, "stale"),
         (2, "executed"),
     ]
+
+
+@pytest.mark.parametrize("celery_stack", [{"DELAYPAY_MIN_RECURRING_INTERVAL": "1"}], indirect=True)
+def test_a_short_interval_recurring_payment_runs_each_occurrence_once_under_two_promoters(celery_stack, settings):
+    """The real stack with two beats (two ticks a second) and two promoters generating
+    and claiming at once: every occurrence becomes exactly one payment, executes once,
+    and the series ends after its count."""
+    settings.DELAYPAY_MIN_RECURRING_INTERVAL = 1  # the API validates in this process
+    alice, bob = funded_account(balance=1000), funded_account()
+    celery_stack.start_worker()
+    for name in ("promoter1", "promoter2"):
+        celery_stack.start_promoter(name)
+    for name in ("beat1", "beat2"):
+        celery_stack.start_beat(name)
+    start = (timezone.now() + timedelta(seconds=3)).replace(microsecond=0)
+    body = {"from_account": alice.id, "to_account": bob.id, "amount": 7, "start_at": start.isoformat(),
+            "interval": "PT2S", "count": 6}
+    response = post(client_for(alice.owner), "/api/v1/recurring-payments", body, key="e2e-recurring")
+    assert response.status_code == 201, response.content
+    rec_id = response.json()["recurring_id"]
+    occurrences = ScheduledPayment.objects.filter(recurring_id=rec_id)
+
+    wait_until(
+        lambda: RecurringPayment.objects.get(pk=rec_id).status == RecurringStatus.ENDED
+        and occurrences.filter(status=PaymentStatus.EXECUTED).count() == 6,
+        timeout=90, stack=celery_stack, what="six executed occurrences and the series' end",
+    )
+    time.sleep(3)  # give a duplicate generation or execution time to show itself
+    rows = list(occurrences.order_by("occurrence_at"))
+    assert [p.occurrence_at for p in rows] == [start + timedelta(seconds=2 * k) for k in range(6)]
+    assert {p.status for p in rows} == {PaymentStatus.EXECUTED}
+    assert all(p.executed_at >= p.execute_at for p in rows)
+    assert Transfer.objects.filter(key__in=[p.id for p in rows]).count() == 6
+    assert RecurringEvent.objects.filter(recurring_id=rec_id, kind="generated").count() == 6
+    alice.refresh_from_db()
+    bob.refresh_from_db()
+    assert (alice.balance, bob.balance) == (1000 - 42, 42)
+    assert Account.objects.aggregate(total=Sum("balance"))["total"] == 0
+    for name in ("promoter1", "promoter2"):  # both ran ticks: generation and claims really were shared
+        assert "Task payments.tasks.promoter_tick[" in celery_stack.log(name), celery_stack.log(name)[-2000:]

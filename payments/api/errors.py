@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 # Every code a client can see, with when. The OpenAPI schema publishes this as the
 # Error schema's enum; tests check that every code the code base raises is listed here.
 ERROR_CODES: dict[str, str] = {
-    "validation_error": "The body or query failed validation; `fields` says which field and why.",
+    "validation_error": "The body, query or a header (If-Match) failed validation; `fields` says which and why.",
     "parse_error": "The body is not valid JSON (or has duplicate keys).",
     "not_authenticated": "No token, or an invalid one (401).",
     "invalid_credentials": "Wrong username or password at /auth/token.",
@@ -38,8 +38,8 @@ ERROR_CODES: dict[str, str] = {
     "idempotency_key_in_use": "A request with this Idempotency-Key is still running; retry (409).",
     "payment_not_cancellable": "The payment was already claimed or finished; `status` says which (409).",
     "payment_not_editable": "PATCH on a payment already claimed or finished; `status` says which (409).",
-    "version_mismatch": "If-Match names an older version than the current one, given in `version` (412).",
-    "recurring_not_editable": "The recurring payment has ended; `status` says so (409).",
+    "version_mismatch": "If-Match names a version other than the current one, given in `version` (412).",
+    "recurring_not_editable": "The recurring payment has ENDED and can no longer change (409); `status` says so.",
     "deposit_rejected": "The ledger refused the deposit, e.g. the account is closed (409).",
     "bad_request": "A request Django itself refused, e.g. an unknown Host header (400).",
     "server_error": "A bug on our side (500); the request may be retried with the same Idempotency-Key.",

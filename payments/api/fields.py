@@ -3,7 +3,10 @@
 import re
 from datetime import UTC, datetime, timedelta
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+
+from payments.recurrence import RuleError, parse_interval
 
 # RFC 3339 section 5.6 date-time: full date, "T", full time with seconds, optional
 # fraction, and a mandatory offset. Python's fromisoformat also takes week dates, basic
@@ -88,3 +91,45 @@ class StrictCharField(serializers.CharField):
             self.fail("invalid")
         return super().to_internal_value(data)
 
+
+
+def format_duration(value: timedelta | None) -> str | None:
+    """ISO 8601 in days, hours, minutes and seconds (``P1DT2H``, ``PT30M``); None stays None."""
+    if value is None:
+        return None
+    days, rest = value.days, int(value.total_seconds()) - value.days * 86400
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    clock = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M"), (seconds, "S")) if n)
+    text = "P" + (f"{days}D" if days else "") + (f"T{clock}" if clock else "")
+    return text if text != "P" else "PT0S"
+
+
+_DURATION_TIME = r"T(?:\d+H(?:\d+M)?(?:\d+S)?|\d+M(?:\d+S)?|\d+S)"
+DURATION_PATTERN = rf"^P(?:\d+W(?:\d+D)?(?:{_DURATION_TIME})?|\d+D(?:{_DURATION_TIME})?|{_DURATION_TIME})$"
+
+
+@extend_schema_field({"type": "string", "pattern": DURATION_PATTERN, "maxLength": 40, "example": "PT30M"})
+class StrictDurationField(serializers.Field):
+    """An ISO 8601 duration of whole weeks, days, hours, minutes and seconds (``PT30M``,
+    ``P1DT12H``, ``P2W``). Years and months are refused: their length varies, and an
+    expiry must be a fixed span. Rendered back in days, hours, minutes and seconds."""
+
+    default_error_messages = {
+        "invalid": "Must be an ISO 8601 duration in weeks, days, hours, minutes and whole seconds, e.g. PT30M.",
+        "calendar": "Years and months are not allowed here (their length varies); use days, e.g. P30D.",
+    }
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or len(data) > 40:
+            self.fail("invalid")
+        try:
+            parts = parse_interval(data)
+        except RuleError:
+            self.fail("invalid")
+        if parts.get("years") or parts.get("months"):
+            self.fail("calendar")
+        return timedelta(**parts)
+
+    def to_representation(self, value):
+        return format_duration(value)

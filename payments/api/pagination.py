@@ -13,10 +13,12 @@ are returned exactly once, in order, whatever is inserted meanwhile.
 import json
 from base64 import b64encode
 from datetime import datetime
+from types import SimpleNamespace
 from urllib import parse
 
 from django.db import models
 from django.db.models import Q
+from django.http import QueryDict
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.response import Response
@@ -132,12 +134,20 @@ class KeysetCursorPagination(CursorPagination):
             return None
         return self.encode_cursor(Cursor(offset=0, reverse=False, position=self._position(self.page[-1])))
 
-    def get_paginated_response(self, data):
-        return Response({"items": data, "next_cursor": self.next_cursor()})
+
+# A request without query parameters: the first page at the default limit.
+_FIRST_PAGE = SimpleNamespace(query_params=QueryDict())
+
+
+def keyset_page(queryset, serializer_class, *, ordering: tuple[str, ...], request=None) -> dict:
+    """``{"items", "next_cursor"}``: the page of ``queryset`` in ``ordering`` that the
+    request's ``cursor`` and ``limit`` select (the first page without a request),
+    rendered with ``serializer_class``."""
+    paginator = KeysetCursorPagination(ordering=ordering)
+    page = paginator.paginate_queryset(queryset, request if request is not None else _FIRST_PAGE)
+    return {"items": serializer_class(page, many=True).data, "next_cursor": paginator.next_cursor()}
 
 
 def paginated_response(request, queryset, serializer_class, *, ordering: tuple[str, ...]) -> Response:
     """One page of ``queryset`` in ``ordering``, rendered with ``serializer_class``."""
-    paginator = KeysetCursorPagination(ordering=ordering)
-    page = paginator.paginate_queryset(queryset, request)
-    return paginator.get_paginated_response(serializer_class(page, many=True).data)
+    return Response(keyset_page(queryset, serializer_class, ordering=ordering, request=request))

@@ -6,9 +6,12 @@ from functools import cache
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, inline_serializer
 from rest_framework import serializers
 
-from payments.models import PaymentStatus
+from payments.models import PaymentStatus, RecurringStatus
 
 from .errors import ERROR_CODE_CHOICES
+
+# The `status` of a 409: a payment's or a recurring payment's.
+ERROR_STATUS_CHOICES = [*PaymentStatus.choices, *RecurringStatus.choices]
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -22,12 +25,16 @@ class ErrorSerializer(serializers.Serializer):
             "fields": serializers.DictField(
                 child=serializers.ListField(child=serializers.CharField()),
                 required=False,
-                help_text="validation_error only: messages per field (body field or query parameter).",
+                help_text="validation_error only: messages per field (body field, query parameter or header).",
             ),
             "status": serializers.ChoiceField(
-                choices=PaymentStatus.choices,
+                choices=ERROR_STATUS_CHOICES,
                 required=False,
-                help_text="payment_not_cancellable only: the payment's current status.",
+                help_text="payment_not_cancellable, payment_not_editable and recurring_not_editable: the current "
+                "status of the payment or recurring payment.",
+            ),
+            "version": serializers.IntegerField(
+                required=False, min_value=1, help_text="version_mismatch only: the current version (its ETag)."
             ),
             "retry_after": serializers.IntegerField(
                 required=False, min_value=1, help_text="throttled only: seconds to wait, as Retry-After."
@@ -42,6 +49,7 @@ _WHEN = {
     404: "not_found: no such resource, or not yours (existence is not revealed).",
     406: "not_acceptable: the Accept header excludes application/json.",
     409: "A conflict; see `code`.",
+    412: "version_mismatch: If-Match names a version other than the current one, given in `version`.",
     413: "payload_too_large: the body is over 64 KiB.",
     415: "unsupported_media_type: the body must be application/json.",
     429: "throttled: retry after `retry_after` seconds (also the Retry-After header).",
@@ -64,6 +72,27 @@ RETRY_AFTER = OpenApiParameter(
 )
 WWW_AUTHENTICATE = OpenApiParameter(
     "WWW-Authenticate", str, OpenApiParameter.HEADER, response=[401], description="`Token` challenge."
+)
+
+ETAG = OpenApiParameter(
+    "ETag",
+    str,
+    OpenApiParameter.HEADER,
+    response=[200],
+    description='The version as an entity tag, `"<version>"`: send it back in If-Match to make a change optimistic.',
+)
+IF_MATCH = OpenApiParameter(
+    "If-Match",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
+    pattern=r'^(\*|(W/)?"[0-9]+"([ \t]*,[ \t]*(W/)?"[0-9]+")*)$',
+    description=(
+        'Optional precondition: the ETag you read (`"3"`; `W/"3"` is the same version; several may be '
+        "listed; `*` matches any). If the version changed since, the change is refused with 412 "
+        "version_mismatch and nothing changes. A retry of a change that already took effect succeeds "
+        "whatever version it names. Anything that is not entity tags is 400 validation_error."
+    ),
 )
 
 IDEMPOTENCY_KEY = OpenApiParameter(

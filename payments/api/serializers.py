@@ -2,13 +2,17 @@
 services; these only say what shape a request must have."""
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ledger.models import Account, Transfer
-from payments.models import ExecutionAttempt, PaymentStatus, ScheduledPayment
+from payments.models import ExecutionAttempt, PaymentStatus, RecurringPayment, RecurringStatus, ScheduledPayment
+from payments.recurrence import MAX_COUNT
+from payments.services import MAX_JITTER_SECONDS
 
-from .fields import StrictCharField, StrictDateTimeField, StrictIntegerField
+from .fields import StrictCharField, StrictDateTimeField, StrictDurationField, StrictIntegerField
 from .pagination import MAX_CURSOR_LENGTH, MAX_LIMIT
+from .schema import page_of
 
 
 class StrictSerializer(serializers.Serializer):
@@ -107,14 +111,50 @@ class TransferSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class AtLeastOneFieldSerializer(StrictSerializer):
+    """A PATCH body: the fields to change, at least one of them."""
+
+    def validate(self, attrs):
+        if not attrs:
+            raise serializers.ValidationError(
+                {"non_field_errors": [f"Give at least one of: {', '.join(self.fields)}."]}
+            )
+        return attrs
+
+
+def execute_at_field(**kwargs):
+    return StrictDateTimeField(
+        help_text="RFC 3339 with an offset, after now and at most "
+        f"{settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead.",
+        **kwargs,
+    )
+
+
 class PaymentCreateSerializer(StrictSerializer):
     from_account = StrictCharField(max_length=40, help_text="An active account you own.")
     to_account = StrictCharField(max_length=40, help_text="Any account that is not closed.")
     amount = amount_field(help_text="Whole units, a JSON integer. Funds are checked at execution time, not now.")
-    execute_at = StrictDateTimeField(
-        help_text="RFC 3339 with an offset, after now and at most "
-        f"{settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead."
+    execute_at = execute_at_field()
+    jitter_seconds = StrictIntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_JITTER_SECONDS,
+        help_text="Opt-in spread, 0-3600 (default 0): the payment runs at an instant drawn uniformly in "
+        "[execute_at, execute_at + jitter_seconds] now, never earlier than execute_at. The response gives "
+        "both: requested_execute_at (yours) and execute_at (drawn).",
     )
+    expires_after = StrictDurationField(
+        required=False,
+        help_text="Optional overdue limit, an ISO 8601 duration of 1 second to 365 days in weeks, days, hours, "
+        "minutes and seconds (PT30M, P1DT12H). If no worker applies the payment by execute_at + expires_after "
+        "(an outage), it ends FAILED with failure_reason `expired` and nothing moves. Without it a late payment "
+        "runs late, never dropped.",
+    )
+
+
+class PaymentUpdateSerializer(AtLeastOneFieldSerializer):
+    amount = amount_field(required=False, help_text="The new amount (a JSON integer).")
+    execute_at = execute_at_field(required=False)
 
 
 class AttemptSerializer(serializers.ModelSerializer):
@@ -131,11 +171,19 @@ class PaymentSerializer(serializers.ModelSerializer):
     payment_id = serializers.CharField(source="id")
     from_account = serializers.CharField(source="from_account_id")
     to_account = serializers.CharField(source="to_account_id")
-    execute_at = StrictDateTimeField()
+    execute_at = StrictDateTimeField(help_text="When the payment is due: requested_execute_at plus the jitter drawn.")
+    requested_execute_at = serializers.SerializerMethodField()
+    jitter_seconds = serializers.IntegerField()
+    expires_after = StrictDurationField(allow_null=True)
     executed_at = StrictDateTimeField(allow_null=True)
     cancelled_at = StrictDateTimeField(allow_null=True)
     created_at = StrictDateTimeField()
     failure_reason = serializers.SerializerMethodField()
+    recurring_id = serializers.CharField(
+        allow_null=True, help_text="The recurring payment that generated this one, or null."
+    )
+    occurrence_at = StrictDateTimeField(allow_null=True, help_text="Its occurrence in that series, or null.")
+    version = serializers.IntegerField(help_text="Bumped by every change; also the ETag. Send it in If-Match.")
     attempts = AttemptSerializer(many=True, read_only=True)
 
     class Meta:
@@ -147,9 +195,14 @@ class PaymentSerializer(serializers.ModelSerializer):
             "from_account",
             "to_account",
             "execute_at",
+            "requested_execute_at",
+            "jitter_seconds",
+            "expires_after",
             "executed_at",
             "cancelled_at",
             "failure_reason",
+            "recurring_id",
+            "occurrence_at",
             "version",
             "created_at",
             "attempts",
@@ -158,3 +211,160 @@ class PaymentSerializer(serializers.ModelSerializer):
 
     def get_failure_reason(self, obj) -> str | None:
         return obj.failure_reason or None
+
+    @extend_schema_field(StrictDateTimeField(help_text="The execute_at you asked for."))
+    def get_requested_execute_at(self, obj) -> str:
+        return StrictDateTimeField().to_representation(obj.requested_execute_at or obj.execute_at)
+
+
+# --- recurring payments -----------------------------------------------------------------
+
+
+class RecurringPageQuerySerializer(PageQuerySerializer):
+    status = serializers.ChoiceField(
+        choices=RecurringStatus.choices, required=False, help_text="Only recurring payments in this status."
+    )
+
+
+def count_field(**kwargs):
+    return StrictIntegerField(
+        min_value=1,
+        max_value=MAX_COUNT,
+        allow_null=True,
+        help_text=f"End after this many occurrences, 1-{MAX_COUNT}, counted from start_at; fixed when set, so "
+        "occurrences skipped while paused still use up their place. null: no count.",
+        **kwargs,
+    )
+
+
+def end_at_field(**kwargs):
+    return StrictDateTimeField(
+        allow_null=True, help_text="No occurrence after this instant (RFC 3339). null: no end.", **kwargs
+    )
+
+
+class RecurringCreateSerializer(StrictSerializer):
+    from_account = StrictCharField(max_length=40, help_text="An active account you own.")
+    to_account = StrictCharField(max_length=40, help_text="Any account that is not closed.")
+    amount = amount_field(help_text="Whole units per occurrence, a JSON integer.")
+    start_at = StrictDateTimeField(
+        help_text="The series' first instant (RFC 3339); at most "
+        f"{settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead. Occurrences before now are not paid."
+    )
+    interval = StrictCharField(
+        required=False,
+        max_length=40,
+        help_text="ISO 8601 duration between occurrences: P1D, P1W, P1M (calendar months: the 31st becomes the "
+        "last day of shorter months), PT6H. Days, weeks, months and years keep the wall-clock time in `timezone` "
+        "across daylight-saving changes; hours, minutes and seconds are elapsed time. Give interval or cron.",
+    )
+    cron = StrictCharField(
+        required=False,
+        max_length=120,
+        help_text="A five-field cron expression evaluated in `timezone`, e.g. `0 12 * * FRI`. Give interval or cron.",
+    )
+    timezone = StrictCharField(
+        required=False, max_length=64, help_text="IANA time zone of the rule, e.g. Europe/Berlin; default UTC."
+    )
+    end_at = end_at_field(required=False)
+    count = count_field(required=False)
+
+
+class RecurringUpdateSerializer(AtLeastOneFieldSerializer):
+    amount = amount_field(required=False, help_text="The amount of future occurrences.")
+    start_at = StrictDateTimeField(required=False, help_text="A new anchor for the rule.")
+    interval = StrictCharField(required=False, max_length=40, help_text="Replaces the rule (and clears cron).")
+    cron = StrictCharField(required=False, max_length=120, help_text="Replaces the rule (and clears interval).")
+    timezone = StrictCharField(required=False, max_length=64)
+    end_at = end_at_field(required=False)
+    count = count_field(required=False)
+
+
+class OccurrenceSerializer(serializers.ModelSerializer):
+    payment_id = serializers.CharField(source="id")
+    occurrence_at = StrictDateTimeField(help_text="The occurrence of the rule this payment is for.")
+    execute_at = StrictDateTimeField()
+    failure_reason = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ScheduledPayment
+        fields = ["payment_id", "occurrence_at", "execute_at", "amount", "status", "failure_reason"]
+        read_only_fields = fields
+
+    def get_failure_reason(self, obj) -> str | None:
+        return obj.failure_reason or None
+
+
+class RecurringPaymentSerializer(serializers.ModelSerializer):
+    recurring_id = serializers.CharField(source="id")
+    from_account = serializers.CharField(source="from_account_id")
+    to_account = serializers.CharField(source="to_account_id")
+    start_at = StrictDateTimeField()
+    interval = serializers.SerializerMethodField()
+    cron = serializers.SerializerMethodField()
+    end_at = StrictDateTimeField(allow_null=True)
+    count = serializers.IntegerField(allow_null=True)
+    ends_at = StrictDateTimeField(
+        source="last_at",
+        allow_null=True,
+        help_text="The series' last possible instant, from end_at and count (whichever is first); null: open-ended.",
+    )
+    next_occurrence_at = serializers.SerializerMethodField()
+    version = serializers.IntegerField(help_text="Bumped by every change; also the ETag. Send it in If-Match.")
+    created_at = StrictDateTimeField()
+    updated_at = StrictDateTimeField()
+
+    class Meta:
+        model = RecurringPayment
+        fields = [
+            "recurring_id",
+            "status",
+            "amount",
+            "from_account",
+            "to_account",
+            "start_at",
+            "interval",
+            "cron",
+            "timezone",
+            "end_at",
+            "count",
+            "ends_at",
+            "next_occurrence_at",
+            "version",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+    def get_interval(self, obj) -> str | None:
+        return obj.interval or None
+
+    def get_cron(self, obj) -> str | None:
+        return obj.cron or None
+
+    @extend_schema_field(
+        StrictDateTimeField(
+            allow_null=True,
+            help_text="The occurrence after the one already scheduled (see occurrences): it becomes a payment "
+            "when that one falls due. null unless ACTIVE.",
+        )
+    )
+    def get_next_occurrence_at(self, obj) -> str | None:
+        if obj.status != RecurringStatus.ACTIVE:
+            return None
+        return StrictDateTimeField().to_representation(obj.next_occurrence_at)
+
+
+class RecurringPaymentDetailSerializer(RecurringPaymentSerializer):
+    """The recurring payment with one page of its occurrences, newest first (context
+    ``occurrences``: the page already rendered)."""
+
+    occurrences = serializers.SerializerMethodField()
+
+    class Meta(RecurringPaymentSerializer.Meta):
+        fields = [*RecurringPaymentSerializer.Meta.fields, "occurrences"]
+        read_only_fields = fields
+
+    @extend_schema_field(page_of(OccurrenceSerializer, "OccurrencePage"))
+    def get_occurrences(self, obj) -> dict:
+        return self.context["occurrences"]

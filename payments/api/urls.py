@@ -29,6 +29,18 @@ urlpatterns = [
     ),
     path("payments", views.PaymentListCreateView.as_view(), name="payment-list"),
     path("payments/<public_id:payment_id>", views.PaymentDetailView.as_view(), name="payment-detail"),
+    path("recurring-payments", views.RecurringListCreateView.as_view(), name="recurring-list"),
+    path(
+        "recurring-payments/<public_id:recurring_id>", views.RecurringDetailView.as_view(), name="recurring-detail"
+    ),
+    path(
+        "recurring-payments/<public_id:recurring_id>/pause", views.RecurringPauseView.as_view(), name="recurring-pause"
+    ),
+    path(
+        "recurring-payments/<public_id:recurring_id>/resume",
+        views.RecurringResumeView.as_view(),
+        name="recurring-resume",
+    ),
     path("schema", SpectacularAPIView.as_view(), name="schema"),
     path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]

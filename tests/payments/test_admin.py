@@ -392,9 +392,10 @@ def test_staff_groups_command_creates_support_and_auditor(staff_groups):
     call_command("staff_groups", stdout=io.StringIO())  # idempotent
     support = set(Group.objects.get(name="support").permissions.values_list("codename", flat=True))
     auditor = set(Group.objects.get(name="auditor").permissions.values_list("codename", flat=True))
-    assert support == auditor | {"cancel_scheduledpayment"}
+    assert support == auditor | {"cancel_scheduledpayment", "pause_recurringpayment"}
     assert auditor == {
-        "view_scheduledpayment", "view_executionattempt", "view_paymentevent", "view_account", "view_transfer"
+        "view_scheduledpayment", "view_executionattempt", "view_paymentevent", "view_recurringpayment",
+        "view_recurringevent", "view_account", "view_transfer",
     }
 
 

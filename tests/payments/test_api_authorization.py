@@ -1,9 +1,10 @@
 """Deny by default: every endpoint x (anonymous, other user, owner, staff).
 
-The world: ``owner`` owns account A (funded) and created payment P from it; ``other`` is
-an unrelated user with an account of their own; ``staff`` is a staff user without extra
-permissions. Others' accounts, payments and transfers are 404, never 403: existence is
-not revealed. Staff read everything, deposit, but neither spend nor cancel for others.
+The world: ``owner`` owns account A (funded) and created payment P and recurring payment
+R from it; ``other`` is an unrelated user with an account of their own; ``staff`` is a
+staff user without extra permissions. Others' accounts, payments, recurring payments and
+transfers are 404, never 403: existence is not revealed. Staff read everything, deposit,
+but neither spend, change, pause, end nor cancel for others.
 """
 
 from dataclasses import dataclass
@@ -12,8 +13,8 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from payments.api import urls as api_urls
-from payments.models import PaymentStatus, ScheduledPayment
-from tests.api import assert_error, future, post
+from payments.models import PaymentStatus, RecurringPayment, RecurringStatus, ScheduledPayment
+from tests.api import assert_error, future, patch, post
 from tests.conftest import client_for
 from tests.factories import PASSWORD, UserFactory, funded_account
 
@@ -28,6 +29,7 @@ class World:
     account: object  # A, the owner's
     target: object  # where P pays to (the other user's account)
     payment: object  # P, scheduled from A by the owner
+    recurring: object  # R, a daily recurring payment from A by the owner
 
     def client(self, role):
         return client_for(self.users[role])
@@ -44,17 +46,25 @@ def world():
         HTTP_IDEMPOTENCY_KEY="world",
     )
     assert payment.status_code == 201
+    recurring = post(client_for(owner), "/api/v1/recurring-payments", recurring_body(account, target), key="world-r")
+    assert recurring.status_code == 201, recurring.content
     return World(
         users={"anonymous": None, "other": other, "owner": owner, "staff": staff},
         account=account,
         target=target,
         payment=ScheduledPayment.objects.get(pk=payment.json()["payment_id"]),
+        recurring=RecurringPayment.objects.get(pk=recurring.json()["recurring_id"]),
     )
 
 
+def recurring_body(source, target) -> dict:
+    return {"from_account": source.id, "to_account": target.id, "amount": 2, "start_at": future(), "interval": "P1D"}
+
+
 def _request(world: World, role: str, endpoint: str):
-    client, a, p = world.client(role), world.account.id, world.payment.id
+    client, a, p, r = world.client(role), world.account.id, world.payment.id, world.recurring.id
     payment = {"from_account": a, "to_account": world.target.id, "amount": 1, "execute_at": future()}
+    recurring = recurring_body(world.account, world.target)
     calls = {
         "POST /auth/token": lambda: post(client, "/api/v1/auth/token",
                                          {"username": world.users["owner"].username, "password": PASSWORD}),
@@ -67,7 +77,15 @@ def _request(world: World, role: str, endpoint: str):
         "GET /payments": lambda: client.get("/api/v1/payments"),
         "POST /payments": lambda: post(client, "/api/v1/payments", payment, key="p"),
         "GET /payments/{id}": lambda: client.get(f"/api/v1/payments/{p}"),
+        "PATCH /payments/{id}": lambda: patch(client, f"/api/v1/payments/{p}", {"amount": 6}),
         "DELETE /payments/{id}": lambda: client.delete(f"/api/v1/payments/{p}"),
+        "GET /recurring-payments": lambda: client.get("/api/v1/recurring-payments"),
+        "POST /recurring-payments": lambda: post(client, "/api/v1/recurring-payments", recurring, key="r"),
+        "GET /recurring-payments/{id}": lambda: client.get(f"/api/v1/recurring-payments/{r}"),
+        "PATCH /recurring-payments/{id}": lambda: patch(client, f"/api/v1/recurring-payments/{r}", {"amount": 3}),
+        "DELETE /recurring-payments/{id}": lambda: client.delete(f"/api/v1/recurring-payments/{r}"),
+        "POST /recurring-payments/{id}/pause": lambda: client.post(f"/api/v1/recurring-payments/{r}/pause"),
+        "POST /recurring-payments/{id}/resume": lambda: client.post(f"/api/v1/recurring-payments/{r}/resume"),
         "GET /schema": lambda: client.get("/api/v1/schema"),
         "GET /docs": lambda: client.get("/api/v1/docs"),
     }
@@ -86,7 +104,15 @@ MATRIX = {
     "GET /payments":                  (401,      200,   200,   200),
     "POST /payments":                 (401,      400,   201,   400),  # 400: from_account is not theirs
     "GET /payments/{id}":             (401,      404,   200,   200),
+    "PATCH /payments/{id}":           (401,      404,   200,   403),  # staff: payments.change_scheduledpayment
     "DELETE /payments/{id}":          (401,      404,   200,   403),  # staff read, but cancel needs the permission
+    "GET /recurring-payments":        (401,      200,   200,   200),
+    "POST /recurring-payments":       (401,      400,   201,   400),  # 400: from_account is not theirs
+    "GET /recurring-payments/{id}":   (401,      404,   200,   200),
+    "PATCH /recurring-payments/{id}": (401,      404,   200,   403),  # staff: payments.change_recurringpayment
+    "DELETE /recurring-payments/{id}": (401,     404,   200,   403),  # staff: payments.delete_recurringpayment
+    "POST /recurring-payments/{id}/pause":  (401, 404,  200,   403),  # staff: payments.pause_recurringpayment
+    "POST /recurring-payments/{id}/resume": (401, 404,  200,   403),  # staff: payments.pause_recurringpayment
     "GET /schema":                    (200,      200,   200,   200),
     "GET /docs":                      (200,      200,   200,   200),
 }  # fmt: skip
@@ -114,17 +140,28 @@ def test_the_matrix_covers_every_route():
 
 def test_a_rejected_request_changes_nothing(world):
     for role in ("anonymous", "other", "staff"):
-        _request(world, role, "DELETE /payments/{id}")
-        _request(world, role, "POST /payments")
+        for endpoint in MATRIX:
+            # Every write on P or R, and the creates from A (staff may deposit: not tried here).
+            if endpoint.startswith(("PATCH", "DELETE", "POST /payments", "POST /recurring")):
+                _request(world, role, endpoint)
     _request(world, "owner", "POST /accounts/{id}/deposits")
     world.payment.refresh_from_db()
     world.account.refresh_from_db()
-    assert world.payment.status == PaymentStatus.SCHEDULED
-    assert ScheduledPayment.objects.count() == 1
+    world.recurring.refresh_from_db()
+    assert (world.payment.status, world.payment.amount, world.payment.version) == (PaymentStatus.SCHEDULED, 5, 1)
+    assert (world.recurring.status, world.recurring.amount, world.recurring.version) == (RecurringStatus.ACTIVE, 2, 1)
+    assert ScheduledPayment.objects.count() == 2  # P and R's first occurrence
+    assert RecurringPayment.objects.count() == 1
     assert world.account.balance == 100
 
 
-LISTS = ["GET /accounts", "GET /payments", "GET /accounts/{id}/payments", "GET /accounts/{id}/transfers"]
+LISTS = [
+    "GET /accounts",
+    "GET /payments",
+    "GET /accounts/{id}/payments",
+    "GET /accounts/{id}/transfers",
+    "GET /recurring-payments",
+]
 
 
 @pytest.mark.parametrize("role", ["other", "owner", "staff"])
@@ -141,6 +178,8 @@ def test_lists_show_only_what_the_caller_may_see(world, endpoint, role):
             assert ids == {world.target.id}
     elif endpoint == "GET /accounts/{id}/transfers":
         assert len(ids) == 1  # the deposit that funded A
+    elif endpoint == "GET /recurring-payments":
+        assert (world.recurring.id in ids) == sees_owners_things
     else:
         assert (world.payment.id in ids) == sees_owners_things
 
@@ -185,3 +224,44 @@ def test_an_inactive_users_token_is_401(world):
     client = world.client("owner")
     type(world.users["owner"]).objects.filter(pk=world.users["owner"].pk).update(is_active=False)
     assert_error(client.get("/api/v1/accounts"), 401, "not_authenticated")
+
+
+def _grant(user, codename):
+    user.user_permissions.add(Permission.objects.get(codename=codename))
+    return client_for(type(user).objects.get(pk=user.pk))  # a fresh user: no cached permissions
+
+
+def test_staff_may_change_others_payments_only_with_the_change_permission(world):
+    staff = world.users["staff"]
+    _grant(staff, "cancel_scheduledpayment")  # cancelling is not changing
+    url = f"/api/v1/payments/{world.payment.id}"
+    assert_error(patch(client_for(staff), url, {"amount": 6}), 403, "permission_denied")
+    response = patch(_grant(staff, "change_scheduledpayment"), url, {"amount": 6})
+    assert response.status_code == 200 and response.json()["amount"] == 6
+
+
+def test_staff_with_the_pause_permission_may_pause_and_resume_but_not_end_or_change(world):
+    client = _grant(world.users["staff"], "pause_recurringpayment")
+    url = f"/api/v1/recurring-payments/{world.recurring.id}"
+    assert client.post(f"{url}/pause").json()["status"] == "PAUSED"
+    assert client.post(f"{url}/resume").json()["status"] == "ACTIVE"
+    assert_error(client.delete(url), 403, "permission_denied")
+    assert_error(patch(client, url, {"amount": 3}), 403, "permission_denied")
+    assert client.get(url).json()["status"] == "ACTIVE"
+
+
+def test_a_superuser_may_change_end_and_pause_any_recurring_payment(world):
+    root = client_for(UserFactory(is_staff=True, is_superuser=True))
+    url = f"/api/v1/recurring-payments/{world.recurring.id}"
+    assert patch(root, url, {"amount": 7}).json()["amount"] == 7
+    assert root.post(f"{url}/pause").json()["status"] == "PAUSED"
+    assert root.delete(url).json()["status"] == "ENDED"
+    assert patch(root, f"/api/v1/payments/{world.payment.id}", {"amount": 8}).json()["amount"] == 8
+
+
+def test_the_receiver_of_a_recurring_payment_cannot_see_or_touch_it(world):
+    receiver = world.client("other")
+    url = f"/api/v1/recurring-payments/{world.recurring.id}"
+    for response in (receiver.get(url), receiver.post(f"{url}/pause"), patch(receiver, url, {"amount": 1})):
+        assert_error(response, 404, "not_found")
+    assert receiver.get("/api/v1/recurring-payments").json()["items"] == []

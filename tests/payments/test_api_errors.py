@@ -25,11 +25,21 @@ def test_unknown_paths_outside_the_api_keep_djangos_html(api):
     assert response.status_code == 404 and response["Content-Type"].startswith("text/html")
 
 
-@pytest.mark.parametrize("method", ["put", "patch", "options"])
-def test_a_wrong_method_is_405_json_with_allow(api, method):
-    response = getattr(api, method)("/api/v1/payments/pay_X", {}, format="json")
+@pytest.mark.parametrize(
+    ("path", "method", "allow"),
+    [
+        ("/api/v1/payments/pay_X", "put", "GET, PATCH, DELETE, HEAD"),
+        ("/api/v1/payments/pay_X", "options", "GET, PATCH, DELETE, HEAD"),
+        ("/api/v1/payments", "patch", "GET, POST, HEAD"),
+        ("/api/v1/recurring-payments/rec_X", "post", "GET, PATCH, DELETE, HEAD"),
+        ("/api/v1/recurring-payments/rec_X/pause", "get", "POST"),
+        ("/api/v1/recurring-payments/rec_X/resume", "delete", "POST"),
+    ],
+)
+def test_a_wrong_method_is_405_json_with_allow(api, path, method, allow):
+    response = getattr(api, method)(path, {}, format="json")
     assert_error(response, 405, "method_not_allowed")
-    assert response["Allow"] == "GET, DELETE, HEAD"
+    assert response["Allow"] == allow
 
 
 def test_an_accept_header_without_json_is_406_json(api):

@@ -2,8 +2,9 @@
 
 Every field gets random JSON (and near-miss values around the valid ones); an
 independent oracle says whether the request is valid. The properties: never a 5xx; a
-valid request creates exactly one payment; an invalid one is a 400 in the error shape
-and leaves no payment and no idempotency key behind.
+valid request creates exactly one payment, with the jitter and expiry it asked for; an
+invalid one is a 400 in the error shape and leaves no payment and no idempotency key
+behind. The optional fields (jitter_seconds, expires_after) are sent half the time.
 """
 
 import json
@@ -26,6 +27,8 @@ from tests.factories import funded_account
 pytestmark = pytest.mark.django_db
 
 FIELDS = ("from_account", "to_account", "amount", "execute_at")
+OPTIONAL = ("jitter_seconds", "expires_after")
+MAX_EXPIRY_SECONDS = 365 * 86400
 
 JSON_LEAF = (
     st.none()
@@ -103,6 +106,51 @@ def execute_ats():
     )
 
 
+def jitters():
+    """Valid: a JSON integer in 0..3600, the bounds included; nothing is coerced."""
+    candidates = st.one_of(
+        st.integers(0, 3600),
+        st.sampled_from([0, 3600, 3601, -1, True, False, None, 60.0, "60"]),
+        st.integers(),
+        ANY_JSON,
+    )
+    return candidates.map(lambda v: (v, type(v) is int and 0 <= v <= 3600))
+
+
+@st.composite
+def composed_durations(draw):
+    """``(text, seconds)``: an ISO 8601 duration built from weeks, days, hours, minutes
+    and seconds, any of them left out; ``seconds`` is what it spans."""
+    units = {"W": 604800, "D": 86400, "H": 3600, "M": 60, "S": 1}
+    parts = draw(st.fixed_dictionaries({}, optional={u: st.integers(0, 10**6) | st.integers(0, 60) for u in units}))
+    date = "".join(f"{parts[u]}{u}" for u in "WD" if u in parts)
+    clock = "".join(f"{parts[u]}{u}" for u in "HMS" if u in parts)
+    text = "P" + date + (f"T{clock}" if clock else "")
+    return text, sum(parts[u] * units[u] for u in parts)
+
+
+def expiries():
+    """Valid: a composed duration with at least one part, spanning 1 s..365 days. Years
+    and months (their length varies), fractions, lower case, a dangling T, a sign and
+    non-strings are invalid."""
+    good_or_out_of_range = composed_durations().map(
+        lambda d: (d[0], d[0] != "P" and 1 <= d[1] <= MAX_EXPIRY_SECONDS, d[1])
+    )
+    invalid = st.one_of(
+        st.integers(1, 99).map(lambda n: f"P{n}Y"),
+        st.integers(1, 99).map(lambda n: f"P{n}M"),
+        st.integers(1, 99).map(lambda n: f"P{n}MT1H"),
+        st.integers(1, 99).map(lambda n: f"PT{n}.5S"),
+        st.integers(1, 99).map(lambda n: f"pt{n}m"),
+        st.integers(1, 99).map(lambda n: f"P{n}DT"),
+        st.integers(1, 99).map(lambda n: f"-PT{n}M"),
+        st.integers(1, 99).map(lambda n: f" PT{n}M"),
+        st.sampled_from(["", "P", "PT", "T1H", "1D", None, 30, True]),
+        ANY_JSON.filter(lambda v: not (isinstance(v, str) and v.startswith("P"))),
+    ).map(lambda v: (v, False, None))
+    return st.one_of(good_or_out_of_range, invalid)
+
+
 @pytest.fixture
 def world(user):
     own, own_second = funded_account(owner=user, balance=10), funded_account(owner=user)
@@ -120,7 +168,14 @@ def world(user):
         good=st.sampled_from([target.id, target_frozen.id, own_second.id, stranger.id]),
         bad=st.sampled_from([own.id, target_closed.id, "acc_00000000000000000000000000", ""]) | ANY_JSON,
     )
-    return {"from_account": froms, "to_account": tos, "amount": amounts(), "execute_at": execute_ats()}
+    return {
+        "from_account": froms,
+        "to_account": tos,
+        "amount": amounts(),
+        "execute_at": execute_ats(),
+        "jitter_seconds": jitters(),
+        "expires_after": expiries().map(lambda d: (d[0], d[1])),
+    }
 
 
 @hypothesis_settings(
@@ -138,6 +193,11 @@ def test_post_payments_never_fails_and_never_half_creates(api, world, data):
         value, field_ok = data.draw(world[field], label=field)
         body[field] = value
         ok = ok and field_ok
+    for field in OPTIONAL:
+        if data.draw(st.booleans(), label=f"send {field}"):
+            value, field_ok = data.draw(world[field], label=field)
+            body[field] = value
+            ok = ok and field_ok
     if rarely("extra field", data):
         body["x" + data.draw(st.text(max_size=10), label="extra")] = data.draw(ANY_JSON)
         ok = False
@@ -159,8 +219,35 @@ def test_post_payments_never_fails_and_never_half_creates(api, world, data):
             body["from_account"], body["to_account"], body["amount"]
         )
         assert IdempotencyKey.objects.filter(key=key).exists()
+        stored = ScheduledPayment.objects.get(pk=payment["payment_id"])
+        jitter = body.get("jitter_seconds", 0)
+        assert payment["jitter_seconds"] == stored.jitter_seconds == jitter
+        assert stored.requested_execute_at <= stored.execute_at <= stored.requested_execute_at + timedelta(
+            seconds=jitter
+        )
+        if "expires_after" in body:
+            assert stored.expires_after == timedelta(seconds=spans(body["expires_after"]))
+        else:
+            assert stored.expires_after is None and payment["expires_after"] is None
     else:
         assert response.status_code == 400, (body, response.content)
         assert response.json()["code"] in ("validation_error", "parse_error")
         assert created == 0
         assert not IdempotencyKey.objects.filter(key=key).exists()
+
+
+def spans(text: str) -> int:
+    """Seconds a composed duration spans (the oracle's own reading, not the API's parser)."""
+    units = {"W": 604800, "D": 86400, "H": 3600, "M": 60, "S": 1}
+    date, _, clock = text[1:].partition("T")
+    total = 0
+    for part, allowed in ((date, "WD"), (clock, "HMS")):
+        number = ""
+        for char in part:
+            if char.isdigit():
+                number += char
+            else:
+                assert char in allowed
+                total += int(number) * units[char]
+                number = ""
+    return total

@@ -76,7 +76,11 @@ def test_idempotent_creates_require_the_idempotency_key_header(schema):
         for param in o.get("parameters", [])
         if param["in"] == "header" and param["name"] == "Idempotency-Key" and param["required"]
     }
-    assert keyed == {("/api/v1/payments", "post"), ("/api/v1/accounts/{account_id}/deposits", "post")}
+    assert keyed == {
+        ("/api/v1/payments", "post"),
+        ("/api/v1/accounts/{account_id}/deposits", "post"),
+        ("/api/v1/recurring-payments", "post"),
+    }
     assert creates > keyed
     for path, method in keyed:
         responses = schema["paths"][path][method]["responses"]
@@ -97,3 +101,21 @@ def test_the_docs_page_serves_swagger_ui_from_our_own_static_files():
     response = client.get(asset)
     assert response.status_code == 200
     assert b"SwaggerUIBundle" in b"".join(response.streaming_content)
+
+
+def test_every_versioned_resource_documents_its_etag_and_every_write_on_it_if_match_and_412(schema):
+    for path in ("/api/v1/payments/{payment_id}", "/api/v1/recurring-payments/{recurring_id}"):
+        for method, operation in schema["paths"][path].items():
+            assert "ETag" in operation["responses"]["200"]["headers"], (path, method)
+    writes = [
+        ("/api/v1/payments/{payment_id}", "patch"),
+        ("/api/v1/recurring-payments/{recurring_id}", "patch"),
+        ("/api/v1/recurring-payments/{recurring_id}", "delete"),
+        ("/api/v1/recurring-payments/{recurring_id}/pause", "post"),
+        ("/api/v1/recurring-payments/{recurring_id}/resume", "post"),
+    ]
+    for path, method in writes:
+        operation = schema["paths"][path][method]
+        headers = {p["name"]: p for p in operation["parameters"] if p["in"] == "header"}
+        assert not headers["If-Match"].get("required", False), (path, method)
+        assert {"400", "412"} <= set(operation["responses"]), (path, method)

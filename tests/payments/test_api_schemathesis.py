@@ -22,7 +22,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance, use_afte
 from delaypay.ids import new_id
 from ledger.models import Account
 from ledger.services import ledger_deposit
-from payments.models import ScheduledPayment
+from payments.models import RecurringPayment, ScheduledPayment
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.django_db
 OWN_ACCOUNT = "acc_schemathesis_own"
 TARGET_ACCOUNT = "acc_schemathesis_target"
 PAYMENT = "pay_schemathesis_scheduled"
+RECURRING = "rec_schemathesis_active"
 
 
 def _schema_valid_id(value) -> bool:
@@ -47,27 +48,47 @@ def _reach_known_resources(context, path_parameters):
         options += [{**path_parameters, "account_id": OWN_ACCOUNT}, {**path_parameters, "account_id": TARGET_ACCOUNT}]
     if "payment_id" in path_parameters:
         options.append({**path_parameters, "payment_id": PAYMENT})
+    if "recurring_id" in path_parameters:
+        options.append({**path_parameters, "recurring_id": RECURRING})
     return st.sampled_from(options)
 
 
+# The creates whose schema-valid bodies are sometimes made plausible: their required
+# fields, and the time field to move to tomorrow.
+CREATES = {
+    "/api/v1/payments": ({"from_account", "to_account", "amount", "execute_at"}, "execute_at"),
+    "/api/v1/recurring-payments": ({"from_account", "to_account", "amount", "start_at"}, "start_at"),
+}
+
+
 def _schedule_from_own_account(context, body):
-    """Sometimes make a schema-valid payment body plausible too (own account, a near
-    future time), so that creates and replays are exercised, not only rejections."""
+    """Sometimes make a schema-valid create body plausible too (own account, a near
+    future time; for a recurring payment a daily rule), so that creates and replays are
+    exercised, not only rejections."""
     operation = context.operation
-    if not (operation.method.upper() == "POST" and operation.path == "/api/v1/payments"):
+    if operation.method.upper() != "POST" or operation.path not in CREATES:
         return st.just(body)
+    required, when = CREATES[operation.path]
     schema_valid = (
         isinstance(body, dict)
-        and set(body) == {"from_account", "to_account", "amount", "execute_at"}
+        and required <= set(body)
         and all(isinstance(body[k], str) and 1 <= len(body[k]) <= 40 for k in ("from_account", "to_account"))
         and type(body["amount"]) is int
         and 1 <= body["amount"] <= settings.DELAYPAY_MAX_AMOUNT
-        and isinstance(body["execute_at"], str)
+        and isinstance(body[when], str)
     )
     if not schema_valid:
         return st.just(body)
-    execute_at = (timezone.now() + timedelta(days=1)).isoformat()
-    plausible = {**body, "from_account": OWN_ACCOUNT, "to_account": TARGET_ACCOUNT, "execute_at": execute_at}
+    plausible = {
+        **body,
+        "from_account": OWN_ACCOUNT,
+        "to_account": TARGET_ACCOUNT,
+        when: (timezone.now() + timedelta(days=1)).isoformat(),
+    }
+    if operation.path == "/api/v1/recurring-payments":
+        plausible = {k: v for k, v in plausible.items() if k not in ("cron", "end_at", "count")} | {
+            "interval": "P1D"
+        }
     return st.sampled_from([body, plausible])
 
 
@@ -101,14 +122,20 @@ schema.hook("flatmap_body")(_schedule_from_own_account)
 @pytest.fixture
 def token(db):
     """A staff user (so deposits and every read succeed, not only fail) who owns an
-    account, plus a target account and a scheduled payment, under known ids."""
+    account, plus a target account, a scheduled payment and an active recurring payment,
+    under known ids."""
     staff = UserFactory(is_staff=True)
     Account.objects.create(id=OWN_ACCOUNT, owner=staff, name="own")
     ledger_deposit(key=new_id("dep"), account_id=OWN_ACCOUNT, amount=1000)
     Account.objects.create(id=TARGET_ACCOUNT, owner=UserFactory(), name="target")
+    tomorrow = timezone.now() + timedelta(days=1)
     ScheduledPayment.objects.create(
         id=PAYMENT, payer=staff, from_account_id=OWN_ACCOUNT, to_account_id=TARGET_ACCOUNT, amount=1,
-        execute_at=timezone.now() + timedelta(days=1),
+        execute_at=tomorrow,
+    )
+    RecurringPayment.objects.create(
+        id=RECURRING, payer=staff, from_account_id=OWN_ACCOUNT, to_account_id=TARGET_ACCOUNT, amount=1,
+        start_at=tomorrow, interval="P1D", next_occurrence_at=tomorrow,
     )
     return Token.objects.create(user=staff).key
 

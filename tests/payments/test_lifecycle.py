@@ -223,3 +223,117 @@ def test_update_replaces_the_pending_occurrence_under_the_new_terms():
     assert [p.amount for p in live] == [25]
     with pytest.raises(VersionMismatch):
         recurring_update(recurring_id=rec.id, actor=a.owner, amount=30, expected_version=rec.version)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"interval": "", "cron": "0 0 30 2 *"}, "cron"), ({"interval": "P5000Y"}, "interval"),
+     ({"interval": "P1Y", "count": 10_000}, None)],
+    ids=["cron-no-date", "interval-too-long", "count-past-9999"],
+)
+def test_rules_that_reach_no_or_unrepresentable_dates_never_raise_unexpectedly(kwargs, field):
+    a, b = funded_account(), funded_account()
+    if field is None:
+        rec = recurring(a, b, **kwargs)  # runs out at year 9999: accepted, and no crash
+        assert rec.status == "ACTIVE" and rec.last_at is None
+        return
+    with pytest.raises(PaymentValidationError) as err:
+        recurring(a, b, **kwargs)
+    assert field in err.value.fields
+
+
+@pytest.mark.django_db
+def test_a_schedule_that_cannot_be_generated_holds_up_neither_the_others_nor_the_claim(caplog):
+    a, b = funded_account(balance=100), funded_account()
+    long_ago = timezone.now() - timedelta(hours=1)
+    # Bad data no service would write (a bug, a hand edit): its rule cannot be evaluated.
+    broken = RecurringPayment.objects.create(
+        payer=a.owner, from_account=a, to_account=b, amount=1, start_at=long_ago, interval="every day",
+        next_occurrence_at=long_ago, last_occurrence_at=long_ago,
+    )
+    healthy = recurring(a, b, start_at=timezone.now() + timedelta(hours=1))
+    RecurringPayment.objects.filter(pk=healthy.pk).update(last_occurrence_at=long_ago)
+    due = due_payment(source=a, target=b, amount=5)
+
+    assert recurring_generate_due() == 1
+    assert len(occurrences(healthy)) == 2
+    assert not occurrences(broken)
+    assert RecurringPayment.objects.get(pk=broken.pk).next_occurrence_at == long_ago  # left as it was
+    assert "recurring occurrence not generated" in caplog.text
+    assert claim_due(batch=10, lease_seconds=60).fresh == [(due.id, 1)]
+
+
+@pytest.mark.django_db
+def test_a_retried_recurring_change_with_the_version_it_was_made_against_is_a_no_op():
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b, amount=10)
+    v1 = rec.version
+    updated = recurring_update(recurring_id=rec.id, actor=a.owner, amount=25, expected_version=v1)
+    # The response was lost; the client retries the same request with the same If-Match.
+    assert recurring_update(recurring_id=rec.id, actor=a.owner, amount=25, expected_version=v1).version == (
+        updated.version
+    )
+    state = lambda r: (r.status, r.version)  # noqa: E731 - model equality compares only the pk
+    paused = recurring_pause(recurring_id=rec.id, actor=a.owner, expected_version=updated.version)
+    assert state(recurring_pause(recurring_id=rec.id, actor=a.owner, expected_version=updated.version)) == state(paused)
+    resumed = recurring_resume(recurring_id=rec.id, actor=a.owner, expected_version=paused.version)
+    assert state(recurring_resume(recurring_id=rec.id, actor=a.owner, expected_version=paused.version)) == (
+        state(resumed)
+    )
+    ended = recurring_end(recurring_id=rec.id, actor=a.owner, expected_version=resumed.version)
+    assert state(recurring_end(recurring_id=rec.id, actor=a.owner, expected_version=resumed.version)) == state(ended)
+    assert RecurringEvent.objects.filter(recurring=rec).exclude(kind="generated").count() == 5
+    # A real change against a stale version is still refused.
+    other = recurring(a, b)
+    recurring_update(recurring_id=other.id, actor=a.owner, amount=11)
+    with pytest.raises(VersionMismatch):
+        recurring_pause(recurring_id=other.id, actor=a.owner, expected_version=other.version)
+    with pytest.raises(VersionMismatch):
+        recurring_end(recurring_id=other.id, actor=a.owner, expected_version=other.version)
+
+
+@pytest.mark.django_db
+def test_ending_a_completed_series_still_cancels_its_pending_last_occurrence():
+    a, b = funded_account(), funded_account()
+    rec = recurring(a, b, count=1)
+    assert rec.status == "ENDED"
+    (last,) = occurrences(rec)
+    assert last.status == PaymentStatus.SCHEDULED
+    recurring_end(recurring_id=rec.id, actor=a.owner)
+    assert ScheduledPayment.objects.get(pk=last.pk).status == PaymentStatus.CANCELLED
+
+
+@pytest.mark.django_db
+def test_resume_records_as_skipped_only_what_the_pause_missed():
+    a, b = funded_account(), funded_account()
+    # Anchored ten minutes ago: the occurrences before creation were never due to be paid.
+    rec = recurring(a, b, start_at=timezone.now() - timedelta(minutes=10), interval="PT1M")
+    (pending,) = occurrences(rec)
+    recurring_pause(recurring_id=rec.id, actor=a.owner)
+    recurring_resume(recurring_id=rec.id, actor=a.owner)
+    event = RecurringEvent.objects.get(recurring=rec, kind="resumed")
+    assert event.data["skipped"] == []  # the cancelled occurrence is still ahead: generated again
+    live = [p for p in occurrences(rec) if p.status == PaymentStatus.SCHEDULED]
+    assert [p.occurrence_at for p in live] == [pending.occurrence_at]
+
+
+@pytest.mark.django_db
+def test_generation_skips_only_a_duplicate_occurrence_never_another_integrity_error(monkeypatch):
+    from django.db import IntegrityError
+
+    from payments import recurring as recurring_module
+
+    a, b = funded_account(), funded_account()
+    long_ago = timezone.now() - timedelta(hours=1)
+    rec = recurring(a, b, start_at=timezone.now() + timedelta(hours=1))
+    RecurringPayment.objects.filter(pk=rec.pk).update(last_occurrence_at=long_ago)
+    before = RecurringPayment.objects.get(pk=rec.pk).next_occurrence_at
+
+    def violates_a_check(**kwargs):
+        raise IntegrityError("new row violates check constraint")
+
+    monkeypatch.setattr(recurring_module, "create_payment_row", violates_a_check)
+    assert recurring_generate_due() == 0
+    # Not mistaken for "already exists": the schedule did not move past the occurrence.
+    assert RecurringPayment.objects.get(pk=rec.pk).next_occurrence_at == before

@@ -116,3 +116,42 @@ def test_shortest_interval():
     assert shortest_interval_seconds(Rule(start_at=utc(2027, 1, 1), interval="PT90S")) == 90
     assert shortest_interval_seconds(Rule(start_at=utc(2027, 1, 1), cron="*/5 * * * *")) == 300
     assert shortest_interval_seconds(Rule(start_at=utc(2027, 1, 1), interval="P1D")) == 23 * 3600
+
+
+# --- rules that used to crash (500 on create; an exception in every promoter tick) -----
+
+
+@pytest.mark.parametrize("cron", ["0 0 30 2 *", "0 0 31 4 *"])
+def test_a_cron_that_matches_no_date_is_a_rule_error(cron):
+    with pytest.raises(RuleError) as err:
+        shortest_interval_seconds(Rule(start_at=utc(2027, 1, 1), cron=cron))
+    assert err.value.field == "cron"
+    assert next_occurrence(Rule(start_at=utc(2027, 1, 1), cron=cron), after=utc(2027, 1, 1)) is None
+
+
+@pytest.mark.parametrize("text", ["P11Y", "P99999999999999999999D", "PT999999999999S", "P1000000Y"])
+def test_intervals_longer_than_ten_years_are_refused(text):
+    with pytest.raises(RuleError) as err:
+        parse_interval(text)
+    assert err.value.field == "interval"
+    assert parse_interval("P10Y") == {"years": 10}
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        Rule(start_at=utc(9995, 1, 1), interval="P2Y"),
+        Rule(start_at=utc(9999, 12, 31), interval="PT23H"),
+        Rule(start_at=utc(9995, 1, 1), cron="0 0 1 1 *"),
+    ],
+    ids=["calendar", "clock", "cron"],
+)
+def test_a_series_ends_at_the_last_representable_instant_instead_of_raising(rule):
+    moments = series(rule, 10)
+    assert 1 <= len(moments) < 10
+    assert next_occurrence(rule, after=moments[-1]) is None
+
+
+def test_a_count_reaching_past_year_9999_does_not_raise():
+    assert nth_occurrence(Rule(start_at=utc(2027, 1, 1), interval="P1Y"), 10_000) is None
+    assert nth_occurrence(Rule(start_at=utc(2027, 1, 1), cron="0 0 1 1 *"), 10_000) is None

@@ -12,13 +12,16 @@ VIEW = [
     "payments.view_scheduledpayment",
     "payments.view_executionattempt",
     "payments.view_paymentevent",
+    "payments.view_recurringpayment",
+    "payments.view_recurringevent",
     "ledger.view_account",
     "ledger.view_transfer",
 ]
 
 STAFF_GROUPS: dict[str, list[str]] = {
-    # Reads everything, cancels payments that have not started.
-    "support": [*VIEW, "payments.cancel_scheduledpayment"],
+    # Reads everything, cancels payments that have not started, pauses and resumes
+    # recurring payments.
+    "support": [*VIEW, "payments.cancel_scheduledpayment", "payments.pause_recurringpayment"],
     # Reads everything, changes nothing.
     "auditor": VIEW,
 }
@@ -44,7 +47,7 @@ def staff_groups_sync() -> dict[str, int]:
 
 
 class Command(BaseCommand):
-    help = 'Create or update the "support" (view + cancel) and "auditor" (view only) staff groups.'
+    help = 'Create or update the "support" (view, cancel, pause) and "auditor" (view only) staff groups.'
 
     def handle(self, *args, **options):
         for name, count in staff_groups_sync().items():

@@ -1,0 +1,211 @@
+"""Recurring payments in the operations console: list, inspect, pause and resume."""
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.admin.utils import quote
+from django.urls import reverse
+from django.utils import timezone
+
+from delaypay.admin_tools import LatestRowsInlineFormSet
+from payments.models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
+from payments.recurring import recurring_create, recurring_end, recurring_generate_due
+from payments.services import payment_schedule
+from tests.conftest import admin_client_for
+from tests.factories import UserFactory, funded_account
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = reverse("admin:payments_recurringpayment_changelist")
+
+
+def change_url(rec) -> str:
+    return reverse("admin:payments_recurringpayment_change", args=[quote(rec.pk)])
+
+
+def button_url(rec, action: str) -> str:
+    return reverse(f"admin:payments_recurringpayment_{action}", args=[quote(rec.pk)])
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+def make(source, target, **kwargs):
+    kwargs.setdefault("start_at", timezone.now() + timedelta(hours=1))
+    kwargs.setdefault("interval", "P1D")
+    return recurring_create(
+        payer=source.owner, from_account_id=source.id, to_account_id=target.id, amount=kwargs.pop("amount", 10),
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def series():
+    a, b = funded_account(balance=100), funded_account()
+    rows = {
+        "daily": make(a, b),
+        "weekly_cron": make(a, b, interval="", cron="0 12 * * FRI", timezone="Europe/Berlin"),
+        "ended": make(a, b),
+    }
+    recurring_end(recurring_id=rows["ended"].pk, actor=a.owner)
+    return {k: RecurringPayment.objects.get(pk=v.pk) for k, v in rows.items()}
+
+
+def action(client, name, *recs):
+    return client.post(CHANGELIST, {"action": name, "_selected_action": [r.pk for r in recs]}, follow=True)
+
+
+def test_changelist_lists_rule_status_and_next_occurrence(superuser, series):
+    response = admin_client_for(superuser).get(CHANGELIST)
+    assert response.status_code == 200
+    assert {str(r.pk) for r in response.context["cl"].result_list} == {r.pk for r in series.values()}
+    html = response.content.decode()
+    assert "cron 0 12 * * FRI (Europe/Berlin)" in html and ">P1D<" in html
+    assert 'dp-badge dp-green">ACTIVE' in html and 'dp-badge dp-grey">ENDED' in html
+    ended = admin_client_for(superuser).get(CHANGELIST, {"status__exact": "ENDED"})
+    assert [r.pk for r in ended.context["cl"].result_list] == [series["ended"].pk]
+
+
+def test_search_by_recurring_id_account_or_owner(superuser, series):
+    client = admin_client_for(superuser)
+    found = client.get(CHANGELIST, {"q": series["daily"].pk}).context["cl"].result_list
+    assert [r.pk for r in found] == [series["daily"].pk]
+    by_owner = client.get(CHANGELIST, {"q": series["daily"].payer.username}).context["cl"].result_list
+    assert len(by_owner) == 3
+    assert not client.get(CHANGELIST, {"q": "rec_nothing"}).context["cl"].result_list
+
+
+def test_detail_page_is_read_only_with_occurrences_and_events_inline(superuser, series):
+    rec = series["daily"]
+    response = admin_client_for(superuser).get(change_url(rec))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert response.context["adminform"].form.fields == {}
+    assert 'name="_save"' not in html
+    formsets = {f.opts.model.__name__: f for f in response.context["inline_admin_formsets"]}
+    assert set(formsets) == {"ScheduledPayment", "RecurringEvent"}
+    (occurrence,) = ScheduledPayment.objects.filter(recurring=rec)
+    assert occurrence.pk in html and "generated" in html and "created" in html
+    assert f"?q={rec.pk}" in html  # every payment of the series, in the payments list
+    payments = admin_client_for(superuser).get(reverse("admin:payments_scheduledpayment_changelist"), {"q": rec.pk})
+    assert [p.pk for p in payments.context["cl"].result_list] == [occurrence.pk]
+
+
+def test_the_inlines_show_only_the_latest_rows(superuser, monkeypatch):
+    monkeypatch.setattr(LatestRowsInlineFormSet, "max_rows", 2)
+    a, b = funded_account(), funded_account()
+    rec = make(a, b, start_at=timezone.now() + timedelta(minutes=5))
+    for _ in range(3):  # three more occurrences, as if each previous one had fallen due
+        RecurringPayment.objects.filter(pk=rec.pk).update(last_occurrence_at=timezone.now() - timedelta(hours=1))
+        recurring_generate_due()
+    response = admin_client_for(superuser).get(change_url(rec))
+    occurrences = next(f for f in response.context["inline_admin_formsets"] if f.opts.model is ScheduledPayment)
+    shown = [form.instance.occurrence_at for form in occurrences.formset.forms]
+    newest = list(ScheduledPayment.objects.filter(recurring=rec).order_by("-occurrence_at")[:2])
+    assert shown == [p.occurrence_at for p in newest]
+
+
+def test_pause_and_resume_actions_call_the_services_as_the_staff_user(support_user, series):
+    client = admin_client_for(support_user)
+    rec = series["daily"]
+    response = action(client, "pause_selected", rec)
+    assert messages_of(response) == [f"Paused: {rec.pk}."]
+    rec.refresh_from_db()
+    assert rec.status == RecurringStatus.PAUSED
+    assert not ScheduledPayment.objects.filter(recurring=rec, status=PaymentStatus.SCHEDULED).exists()
+    event = RecurringEvent.objects.get(recurring=rec, kind="paused")
+    assert (event.actor, event.actor_user) == (f"user:{support_user.pk}", support_user)
+
+    response = action(client, "resume_selected", rec, series["ended"])
+    assert messages_of(response) == [f"Resumed: {rec.pk}.", f"Refused: {series['ended'].pk} is ENDED."]
+    rec.refresh_from_db()
+    assert rec.status == RecurringStatus.ACTIVE
+    assert ScheduledPayment.objects.filter(recurring=rec, status=PaymentStatus.SCHEDULED).count() == 1
+    assert messages_of(action(client, "resume_selected", rec)) == [f"Already ACTIVE: {rec.pk}."]
+
+
+def test_pause_and_resume_buttons_on_the_detail_page(support_user, series):
+    rec = series["daily"]
+    client = admin_client_for(support_user)
+    page = client.get(change_url(rec)).content.decode()
+    assert 'name="pause-recurring"' in page and 'name="resume-recurring"' not in page
+    assert client.get(button_url(rec, "pause")).status_code == 405  # a GET changes nothing
+    response = client.post(button_url(rec, "pause"), follow=True)
+    assert response.redirect_chain[-1][0] == change_url(rec)
+    assert messages_of(response) == [f"Paused: {rec.pk}."]
+    html = response.content.decode()
+    assert 'name="resume-recurring"' in html and 'name="pause-recurring"' not in html
+    response = client.post(button_url(rec, "resume"), follow=True)
+    assert messages_of(response) == [f"Resumed: {rec.pk}."]
+    ended = client.get(change_url(series["ended"])).content.decode()
+    assert "pause-recurring" not in ended and "resume-recurring" not in ended
+
+
+def test_staff_without_the_pause_permission_can_read_but_not_pause(auditor_user, series):
+    rec = series["daily"]
+    client = admin_client_for(auditor_user)
+    listing = client.get(CHANGELIST)
+    assert listing.status_code == 200 and "pause_selected" not in listing.content.decode()
+    assert "pause-recurring" not in client.get(change_url(rec)).content.decode()
+    action(client, "pause_selected", rec)
+    assert client.post(button_url(rec, "pause")).status_code == 403
+    rec.refresh_from_db()
+    assert rec.status == RecurringStatus.ACTIVE
+    assert not RecurringEvent.objects.filter(recurring=rec, kind="paused").exists()
+
+
+def test_no_add_change_or_delete(superuser, series):
+    client = admin_client_for(superuser)
+    assert client.get(reverse("admin:payments_recurringpayment_add")).status_code == 403
+    delete = reverse("admin:payments_recurringpayment_delete", args=[quote(series["daily"].pk)])
+    assert client.get(delete).status_code == 403
+    before = RecurringPayment.objects.filter(pk=series["daily"].pk).values().get()
+    response = client.post(change_url(series["daily"]), {"amount": 999, "status": "ENDED", "_save": "Save"})
+    assert response.status_code == 403
+    assert RecurringPayment.objects.filter(pk=series["daily"].pk).values().get() == before
+    choices = client.get(CHANGELIST).context["action_form"].fields["action"].choices
+    assert [name for name, _ in choices if name] == ["pause_selected", "resume_selected"]
+
+
+def test_non_staff_cannot_pause(series):
+    rec = series["daily"]
+    response = admin_client_for(rec.payer).post(button_url(rec, "pause"))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("admin:login"))
+    rec.refresh_from_db()
+    assert rec.status == RecurringStatus.ACTIVE
+
+
+def test_recurring_events_list_searches_by_recurring_id(superuser, series):
+    response = admin_client_for(superuser).get(
+        reverse("admin:payments_recurringevent_changelist"), {"q": series["ended"].pk}
+    )
+    assert {e.kind for e in response.context["cl"].result_list} == {"created", "generated", "ended"}
+
+
+def test_payment_detail_shows_jitter_expiry_and_its_series(superuser, series):
+    a, b = funded_account(), funded_account()
+    jittered = payment_schedule(
+        payer=a.owner, from_account_id=a.id, to_account_id=b.id, amount=5,
+        execute_at=timezone.now() + timedelta(hours=1), jitter_seconds=120, expires_after=timedelta(minutes=30),
+    )
+    client = admin_client_for(superuser)
+    html = client.get(reverse("admin:payments_scheduledpayment_change", args=[quote(jittered.pk)])).content.decode()
+    for label in ("requested execute at", "jitter seconds", "expires after", "occurrence at"):
+        assert label in html.lower(), label
+    assert ">120<" in html and "0:30:00" in html
+    occurrence = ScheduledPayment.objects.get(recurring=series["daily"])
+    html = client.get(reverse("admin:payments_scheduledpayment_change", args=[quote(occurrence.pk)])).content.decode()
+    assert change_url(series["daily"]) in html  # linked to its recurring payment
+
+
+def test_staff_without_any_permission_sees_no_recurring_payments(series):
+    client = admin_client_for(UserFactory(is_staff=True))
+    assert client.get(CHANGELIST).status_code == 403
+
+
+def test_an_oversized_selection_changes_nothing(support_user, series, monkeypatch):
+    monkeypatch.setattr("payments.admin.MAX_RECURRING_PER_ACTION", 1)
+    response = action(admin_client_for(support_user), "pause_selected", series["daily"], series["weekly_cron"])
+    assert messages_of(response) == ["Select at most 1 recurring payments; nothing changed."]
+    assert RecurringPayment.objects.filter(status=RecurringStatus.ACTIVE).count() == 2
