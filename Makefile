@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make run   - venv, requirements, services, migrations, demo data, every Procfile process
 #   make test  - venv, requirements, services, then ruff and the whole pytest suite
+# and the benchmark (README "Benchmarks"): make bench (burst), make bench-all (every scenario)
 # Both are idempotent; the venv is reinstalled only when a requirements file changes.
 
 PYTHON ?= python3.11
@@ -10,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 PORT ?= 8000
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: run test install services lint check-deploy
+.PHONY: run test install services lint check-deploy bench bench-all
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -47,3 +48,12 @@ lint: install
 # Production settings must pass Django's deployment checklist.
 check-deploy: install
 	DJANGO_DEBUG=0 DJANGO_SECRET_KEY=$$(head -c 48 /dev/urandom | base64) $(BIN)/python manage.py check --deploy --fail-level WARNING
+
+# The due-time burst benchmark on scratch databases (README "Benchmarks"). BENCH_ARGS adds
+# options, e.g. make bench BENCH_ARGS="--workers 2 --profile".
+BENCH_OUT ?= bench-out
+bench: install services
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py bench burst --json $(BENCH_OUT)/burst.json --chart $(BENCH_OUT)/burst.png $(BENCH_ARGS)
+
+bench-all: install services
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py bench all --json $(BENCH_OUT)/all.json --chart $(BENCH_OUT)/all.png $(BENCH_ARGS)
