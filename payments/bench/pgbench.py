@@ -54,7 +54,8 @@ def parse_tps(output: str) -> float:
 
 
 def run_pgbench(
-    *, run_id: str, accounts: int = 10_000, clients: int = 8, seconds: int = 15, log_dir: Path | None = None
+    *, run_id: str, accounts: int = 10_000, clients: int = 8, seconds: int = 15, log_dir: Path | None = None,
+    tag: str = "",
 ) -> dict:
     """pgbench's one-transfer-per-transaction rate on this server, in its own database."""
     binary = shutil.which("pgbench") or "/usr/bin/pgbench"
@@ -79,7 +80,7 @@ def run_pgbench(
         Path(script.name).unlink(missing_ok=True)
         output = done.stdout + done.stderr
         if log_dir is not None:
-            (Path(log_dir) / "pgbench.log").write_text(" ".join(command) + "\n" + output)
+            (Path(log_dir) / f"pgbench{'-' + tag if tag else ''}.log").write_text(" ".join(command) + "\n" + output)
         if done.returncode != 0:
             raise RuntimeError(f"pgbench failed ({done.returncode}):\n{output[-2000:]}")
         return {

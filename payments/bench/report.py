@@ -66,7 +66,9 @@ def summary(run: dict) -> str:
             f"drain               {_num(run.get('drain_s'), '.2f')} s from the due instant to the last finish"
             f" (observed by polling: {_num(run.get('drain_observed_s'), '.1f')} s)",
             f"throughput          {_num(run.get('payments_per_s'))} payments/s",
-            f"pgbench limit       {_num(run.get('pgbench_tps'))} tps (1 transfer per tx, 8 clients)"
+            f"pgbench limit       {_num(run.get('pgbench_tps'))} tps (1 transfer per tx, 8 clients; mean of "
+            f"{_num((run.get('pgbench') or {}).get('tps_before'))} before and "
+            f"{_num((run.get('pgbench') or {}).get('tps_after'))} after)"
             f"  ->  ratio {_num(run.get('ratio_vs_pgbench'), '.2f')}x",
             "lateness (s)        p50 / p95 / p99 / max",
             f"  dispatch          {_lat(run.get('dispatch_lateness_s'))}",

@@ -315,14 +315,16 @@ def run_drain(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
                  "workers": opts.workers, "concurrency": opts.concurrency, "knobs": knobs()}
     if opts.scenario == "steady":
         out["rate"] = opts.rate
-    opts.say(f"pgbench: one transfer per transaction, {opts.pgbench_clients} clients, {opts.pgbench_seconds}s")
-    pgb = run_pgbench(run_id=opts.run_id, accounts=opts.accounts, clients=opts.pgbench_clients,
-                      seconds=opts.pgbench_seconds, log_dir=log_dir)
-    opts.say(f"  pgbench {pgb['tps']:.0f} tps")
+    pgb_before = _pgbench(opts, log_dir, "before")
     opts.say(f"delaypay: {opts.scenario}, {opts.n_payments:,} payments, {opts.accounts:,} accounts, "
              f"{opts.workers} worker(s) x {opts.concurrency}")
     delaypay = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir)
     out.update(delaypay)
+    pgb_after = _pgbench(opts, log_dir, "after")
+    # The machine is shared: pgbench runs right before and right after delaypay's drain and
+    # the ratio uses their mean, so a neighbour's load shifts both sides of it alike.
+    pgb = {**pgb_before, "tps": round((pgb_before["tps"] + pgb_after["tps"]) / 2, 1),
+           "tps_before": pgb_before["tps"], "tps_after": pgb_after["tps"]}
     out["pgbench"] = pgb
     out["pgbench_tps"] = pgb["tps"]
     pps = delaypay.get("payments_per_s")
@@ -338,6 +340,15 @@ def run_drain(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
             round(pps / naive["payments_per_s"], 2) if pps and naive.get("payments_per_s") else None
         )
     return out
+
+
+def _pgbench(opts: Options, log_dir: Path, when: str) -> dict:
+    opts.say(f"pgbench ({when}): one transfer per transaction, {opts.pgbench_clients} clients, "
+             f"{opts.pgbench_seconds}s")
+    result = run_pgbench(run_id=opts.run_id, accounts=opts.accounts, clients=opts.pgbench_clients,
+                         seconds=opts.pgbench_seconds, log_dir=log_dir, tag=when)
+    opts.say(f"  pgbench {result['tps']:,.0f} tps")
+    return result
 
 
 # --- backlog: claim latency as the schedule grows ----------------------------------------
