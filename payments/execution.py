@@ -49,11 +49,18 @@ class BatchResult:
         self.stale += other.stale
 
 
+# The fence and the CAS find their rows by primary key, always. The expected status
+# comes in as a column of the unnest (every element 'EXECUTING') rather than as the
+# literal: with the literal the planner may pick the partial lease index, whose
+# statistics are stale in a burst (EXECUTING goes from ~0 to tens of thousands of rows
+# within seconds, long before autovacuum analyzes), and then every batch scans all
+# in-flight rows: O(in-flight) per batch instead of O(batch).
 LOCK_SQL = """
 SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at
   FROM payments_scheduledpayment p
-  JOIN unnest(%s::text[], %s::int[]) AS m(id, attempt) ON m.id = p.id AND m.attempt = p.attempt
- WHERE p.status = 'EXECUTING'
+  JOIN unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
+    ON m.id = p.id AND m.attempt = p.attempt AND m.status = p.status
+ WHERE p.id = ANY(%(ids)s::text[])
  ORDER BY p.id
    FOR UPDATE OF p
 """
@@ -62,10 +69,16 @@ FINISH_SQL = """
 UPDATE payments_scheduledpayment p
    SET status = v.status, failure_reason = v.reason, executed_at = v.executed_at,
        lease_until = NULL, updated_at = now()
-  FROM unnest(%s::text[], %s::int[], %s::text[], %s::text[], %s::timestamptz[])
-       AS v(id, attempt, status, reason, executed_at)
- WHERE p.id = v.id AND p.status = 'EXECUTING' AND p.attempt = v.attempt
+  FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[], %(statuses)s::text[],
+              %(reasons)s::text[], %(executed_ats)s::timestamptz[])
+       AS v(id, attempt, expected, status, reason, executed_at)
+ WHERE p.id = ANY(%(ids)s::text[]) AND p.id = v.id AND p.attempt = v.attempt AND p.status = v.expected
 """
+
+
+def _fenced(ids: list[str], attempts: list[int], **columns) -> dict:
+    """Parameters of LOCK_SQL / FINISH_SQL: each row expected EXECUTING at its attempt."""
+    return {"ids": ids, "attempts": attempts, "expected": [PaymentStatus.EXECUTING.value] * len(ids), **columns}
 
 ATTEMPTS_SQL = """
 INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)
@@ -102,7 +115,7 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT now()")
         started_at = cur.fetchone()[0]
-        cur.execute(LOCK_SQL, [[p[0] for p in pairs], [p[1] for p in pairs]])
+        cur.execute(LOCK_SQL, _fenced([p[0] for p in pairs], [p[1] for p in pairs]))
         rows = cur.fetchall()
         locked = {(r[0], r[1]) for r in rows}
         result.stale = [p for p in pairs if p not in locked]
@@ -161,7 +174,8 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
                 result.failed[row[0]] = reason
 
         if ids:
-            cur.execute(FINISH_SQL, [ids, attempts, statuses, reasons, executed_ats])
+            cur.execute(FINISH_SQL, _fenced(ids, attempts, statuses=statuses, reasons=reasons,
+                                            executed_ats=executed_ats))
             if cur.rowcount != len(ids):
                 raise FenceViolation(f"CAS updated {cur.rowcount} of {len(ids)} locked payments")
             cur.execute(ATTEMPTS_SQL, [started_at, worker, ids, attempts, att_outcomes, errors])
@@ -191,7 +205,7 @@ def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchR
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT now()")
         now = cur.fetchone()[0]
-        cur.execute(LOCK_SQL, [[payment_id], [attempt]])
+        cur.execute(LOCK_SQL, _fenced([payment_id], [attempt]))
         if not cur.fetchall():
             result.stale.append(pair)
             return result
@@ -200,7 +214,8 @@ def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchR
         if transfer is not None or attempt >= settings.DELAYPAY_MAX_ATTEMPTS:
             status = PaymentStatus.EXECUTED if transfer else PaymentStatus.FAILED
             reason = "" if transfer else FailureReason.ATTEMPTS_EXHAUSTED.value
-            cur.execute(FINISH_SQL, [[payment_id], [attempt], [status], [reason], [transfer[0] if transfer else None]])
+            cur.execute(FINISH_SQL, _fenced([payment_id], [attempt], statuses=[status], reasons=[reason],
+                                            executed_ats=[transfer[0] if transfer else None]))
             kind = PaymentEvent.Kind.EXECUTED if transfer else PaymentEvent.Kind.FAILED
             data = json.dumps({"outcome": "error", **({"failure_reason": reason} if reason else {})})
             cur.execute(EVENTS_SQL, [f"worker:{worker}", [payment_id], [kind], [status], [attempt], [data]])
