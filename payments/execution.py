@@ -18,13 +18,18 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection, transaction
 
-from ledger.services import Outcome, Posting, ledger_post_batch
+from ledger.services import Outcome, Posting, ledger_post_batch, ledger_preview_batch
 
 from .models import ExecutionAttempt, FailureReason, PaymentEvent, PaymentStatus
 
 logger = logging.getLogger(__name__)
 
 Pair = tuple[str, int]
+
+
+class ForecastMissed(Exception):
+    """The ledger decided, under the account locks, other outcomes than forecast: the
+    batch's transaction is rolled back (the ledger's writes with it) and run again."""
 
 
 class FenceViolation(RuntimeError):
@@ -104,7 +109,24 @@ ON CONFLICT (payment_id, attempt) DO NOTHING
 
 def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResult:
     """Apply one batch of claimed payments atomically. Safe to call twice with the same
-    pairs, concurrently or after a crash: money moves once, the repeat is stale."""
+    pairs, concurrently or after a crash: money moves once, the repeat is stale.
+
+    The account locks are the one thing concurrent batches wait on (two batches of a
+    burst nearly always share an account), so they are taken last: the outcomes are
+    forecast from unlocked balances, the payments' statuses, attempts and events are
+    written from the forecast, and only then does the ledger lock the accounts, decide
+    again and move the money; if its decision differs from the forecast (a balance
+    changed in between), the whole transaction rolls back, the ledger's writes with it,
+    and the batch runs again with the locks taken first.
+    """
+    try:
+        return _execute_batch(pairs=pairs, worker=worker, forecast=True)
+    except ForecastMissed as exc:
+        logger.info("forecast missed (%s); running the batch again with the account locks first", exc)
+        return _execute_batch(pairs=pairs, worker=worker, forecast=False)
+
+
+def _execute_batch(*, pairs: list[Pair], worker: str | None, forecast: bool) -> BatchResult:
     worker = worker or worker_name()
     result = BatchResult()
     pairs = list(dict.fromkeys((str(pid), int(att)) for pid, att in pairs))
@@ -124,9 +146,8 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
         rows.sort(key=lambda r: (r[5], r[0]))
         live = [r for r in rows if r[1] <= max_attempts]
         exhausted = [r for r in rows if r[1] > max_attempts]
-        outcomes = ledger_post_batch(
-            postings=[Posting(key=r[0], debit_account_id=r[2], credit_account_id=r[3], amount=r[4]) for r in live]
-        )
+        postings = [Posting(key=r[0], debit_account_id=r[2], credit_account_id=r[3], amount=r[4]) for r in live]
+        outcomes = (ledger_preview_batch if forecast else ledger_post_batch)(postings=postings)
         if exhausted:
             # Claimed more times than allowed (its worker keeps dying, or its messages
             # keep getting lost): it ends now. The guard still comes first: if its
@@ -180,6 +201,13 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
                 raise FenceViolation(f"CAS updated {cur.rowcount} of {len(ids)} locked payments")
             cur.execute(ATTEMPTS_SQL, [started_at, worker, ids, attempts, att_outcomes, errors])
             cur.execute(EVENTS_SQL, [f"worker:{worker}", ids, kinds, statuses, attempts, datas])
+        if forecast:
+            # Last, under the account locks: the ledger decides again and moves the money;
+            # any difference from the forecast rolls everything back (the raise below).
+            decided = ledger_post_batch(postings=postings)
+            if decided != outcomes:
+                changed = sorted(k for k in decided if decided[k] != outcomes.get(k))
+                raise ForecastMissed(f"{len(changed)} outcome(s) changed, e.g. {changed[:3]}")
         if result.stale:
             cur.execute(STALE_SQL, [started_at, worker, [p[0] for p in result.stale], [p[1] for p in result.stale]])
     if result.stale:
