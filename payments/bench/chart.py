@@ -47,7 +47,8 @@ def drain_chart(run: dict, path: Path) -> Path:
     if run.get("scenario") == "steady":
         due = _series(run, "due_per_s")
         top.step(range(len(due)), due, where="post", color=GREY, lw=1.5, label="due / s")
-    if run.get("pgbench_tps"):
+    steady = run.get("scenario") == "steady"
+    if run.get("pgbench_tps") and not steady:  # at 300/s the line would only flatten the bars
         top.axhline(run["pgbench_tps"], color=PURPLE, ls="--", lw=1.5,
                     label=f"pgbench, 1 transfer/tx: {run['pgbench_tps']:,.0f} tps")
     naive = run.get("naive") or {}
@@ -62,34 +63,30 @@ def drain_chart(run: dict, path: Path) -> Path:
     top.legend(loc="upper right", fontsize=9, framealpha=0.9)
     ratio = run.get("ratio_vs_pgbench")
     verdict = "correct" if run.get("correct") else "CHECK FAILED"
-    top.set_title(
-        f"delaypay {run['scenario']}: {run.get('payments', 0):,} payments in {_fmt(run.get('drain_s'), '.1f')} s"
-        f" = {_fmt(run.get('payments_per_s'))} /s, {_fmt(ratio, '.2f')}x pgbench"
-        + (f", {_fmt(run.get('ratio_vs_naive'), '.1f')}x naive" if run.get("ratio_vs_naive") else "")
-        + f"  [{verdict}]",
-        loc="left",
-    )
-
-    for key, label, color, style in (
-        ("execution_lateness_p50_s", "execution lateness p50", BLUE, "-"),
-        ("execution_lateness_p99_s", "execution lateness p99", BLUE, "--"),
-        ("execution_lateness_max_s", "execution lateness max", BLUE, ":"),
-        ("dispatch_lateness_p99_s", "dispatch lateness p99 (claimed)", GREY, "-"),
-    ):
-        values = _none_to_nan(_series(run, key))
-        if values:
-            bottom.step(range(len(values)), values, where="post", color=color, ls=style, lw=1.6, label=label)
-    naive_p99 = _none_to_nan(_series(naive, "execution_lateness_p99_s"))
-    if naive_p99:
-        bottom.step(range(len(naive_p99)), naive_p99, where="post", color=ORANGE, lw=1.4,
-                    label="naive execution lateness p99")
-    if run.get("scenario") == "steady":
-        bottom.axhline(1.5, color=GREY, ls="-.", lw=1, label="target: dispatch p99 1.5 s")
-        bottom.axhline(2.5, color=BLUE, ls="-.", lw=1, label="target: execution p99 2.5 s")
-    bottom.set_ylabel("lateness (s) of payments\nfinishing in that second")
-    bottom.set_xlabel("seconds since the first payment was due")
-    bottom.legend(loc="upper left", fontsize=8.5, framealpha=0.9, ncol=2)
     ex, di = run.get("execution_lateness_s") or {}, run.get("dispatch_lateness_s") or {}
+    if steady:
+        title = (f"delaypay steady: {run.get('payments', 0):,} payments due at {_fmt(run.get('rate'))}/s — "
+                 f"lateness p99: dispatch {_fmt(di.get('p99'), '.2f')} s, execution {_fmt(ex.get('p99'), '.2f')} s")
+    else:
+        title = (f"delaypay {run['scenario']}: {run.get('payments', 0):,} payments due at once: "
+                 f"{_fmt(run.get('drain_s'), '.1f')} s, {_fmt(run.get('payments_per_s'))}/s, "
+                 f"{_fmt(ratio, '.2f')}x pgbench"
+                 + (f", {_fmt(run.get('ratio_vs_naive'), '.0f')}x naive" if run.get("ratio_vs_naive") else ""))
+    top.set_title(f"{title}  [{verdict}]", loc="left")
+    if not steady and run.get("drain_s"):
+        top.axvline(run["drain_s"], color=GREEN, lw=1, alpha=0.6)
+        top.annotate(f"drained: {run['drain_s']:.1f} s", (run["drain_s"], top.get_ylim()[1] * 0.93),
+                     xytext=(4, 0), textcoords="offset points", color=GREEN, fontsize=9)
+    if not steady and naive.get("drain_s"):
+        top.annotate(f"naive: {naive.get('payments', 0):,} payments took {naive['drain_s']:.1f} s",
+                     (naive["drain_s"], max(naive_done or [0])), xytext=(-4, 8), textcoords="offset points",
+                     ha="right", color=ORANGE, fontsize=9)
+
+    if steady:
+        _lateness_per_second(bottom, run, naive)
+    else:
+        _finished_share(bottom, run, naive)
+    bottom.set_xlabel("seconds since the first payment was due")
     rss = run.get("peak_rss_mb") or {}
     note = (
         f"execution lateness p50/p99/max {_fmt(ex.get('p50'), '.2f')} / {_fmt(ex.get('p99'), '.2f')} /"
@@ -102,6 +99,61 @@ def drain_chart(run: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def _lateness_per_second(ax, run: dict, naive: dict) -> None:
+    """Steady load: lateness percentiles of the payments finishing in each second."""
+    for key, label, color, style in (
+        ("execution_lateness_p50_s", "execution lateness p50", BLUE, "-"),
+        ("execution_lateness_p99_s", "execution lateness p99", BLUE, "--"),
+        ("execution_lateness_max_s", "execution lateness max", BLUE, ":"),
+        ("dispatch_lateness_p99_s", "dispatch lateness p99 (claimed)", GREY, "-"),
+    ):
+        values = _none_to_nan(_series(run, key))
+        if values:
+            ax.step(range(len(values)), values, where="post", color=color, ls=style, lw=1.6, label=label)
+    naive_p99 = _none_to_nan(_series(naive, "execution_lateness_p99_s"))
+    if naive_p99:
+        ax.step(range(len(naive_p99)), naive_p99, where="post", color=ORANGE, lw=1.4,
+                label="naive execution lateness p99")
+    ax.axhline(1.5, color=GREY, ls="-.", lw=1, label="target: dispatch p99 1.5 s")
+    ax.axhline(2.5, color=BLUE, ls="-.", lw=1, label="target: execution p99 2.5 s")
+    ax.set_ylabel("lateness (s) of payments\nfinishing in that second")
+    ax.legend(loc="upper left", fontsize=8.5, framealpha=0.9, ncol=2)
+
+
+def _cumulative_percent(counts: list) -> list[float]:
+    total, out, running = sum(counts) or 1, [0.0], 0
+    for c in counts:
+        running += c
+        out.append(100.0 * running / total)
+    return out
+
+
+def _finished_share(ax, run: dict, naive: dict) -> None:
+    """Burst: the share of payments claimed and finished after x seconds, which is the
+    distribution of their lateness (everything was due at x = 0)."""
+    claimed = _cumulative_percent(_series(run, "claimed_per_s"))
+    done = _cumulative_percent([a + b for a, b in zip(
+        _series(run, "executed_per_s"), _series(run, "failed_per_s"), strict=False)])
+    if len(claimed) > 1:
+        ax.plot(range(len(claimed)), claimed, color=GREY, lw=1.6, label="delaypay: claimed (dispatch lateness)")
+    ax.plot(range(len(done)), done, color=GREEN, lw=2.2, label="delaypay: finished (execution lateness)")
+    naive_done = _cumulative_percent([a + b for a, b in zip(
+        _series(naive, "executed_per_s"), _series(naive, "failed_per_s"), strict=False)])
+    if len(naive_done) > 1:
+        ax.plot(range(len(naive_done)), naive_done, color=ORANGE, lw=2.0,
+                label=f"naive: finished ({naive.get('payments', 0):,} payments)")
+    ex = run.get("execution_lateness_s") or {}
+    for q in ("p50", "p99"):
+        if ex.get(q) is not None:
+            share = 50 if q == "p50" else 99
+            ax.plot([ex[q]], [share], "o", color=GREEN, ms=5)
+            ax.annotate(f"{q} {ex[q]:.1f} s", (ex[q], share), xytext=(6, -12), textcoords="offset points",
+                        color=GREEN, fontsize=9)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("% of the payments\ndone this late or less")
+    ax.legend(loc="lower right", fontsize=8.5, framealpha=0.9)
 
 
 def backlog_chart(run: dict, path: Path) -> Path:

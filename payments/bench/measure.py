@@ -61,6 +61,7 @@ def figures(timings: list[Timing]) -> dict:
         "executed_per_s": per_second(executed, start=start, end=end),
         "failed_per_s": per_second(failed, start=start, end=end),
         "due_per_s": per_second([t.due for t in timings], start=start, end=end),
+        "claimed_per_s": per_second([t.claimed for t in timings if t.claimed is not None], start=start, end=end),
         "execution_lateness_p50_s": bucketed_percentiles(finish_points, start=start, q=50),
         "execution_lateness_p99_s": bucketed_percentiles(finish_points, start=start, q=99),
         "execution_lateness_max_s": bucketed_percentiles(finish_points, start=start, q=100),
