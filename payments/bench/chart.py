@@ -194,11 +194,19 @@ def memory_chart(run: dict, path: Path) -> Path:
         ax.bar(xs, values, width=0.4, color=color, label=label)
         for xpos, value in zip(xs, values, strict=True):
             ax.text(xpos, value, f"{value:,.0f} MB", ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(range(len(sizes)), [f"{s:,} future payments" for s in sizes])
+    for size, mb in (run.get("naive_worker_mb_extrapolated") or {}).items():
+        if int(size) not in sizes:
+            sizes.append(int(size))
+        xpos = sizes.index(int(size)) + 0.2
+        ax.bar([xpos], [mb], width=0.4, color="white", edgecolor=ORANGE, hatch="//", label="naive, extrapolated")
+        ax.text(xpos, mb, f"~{mb:,.0f} MB\n(extrapolated)", ha="center", va="bottom", fontsize=9, color=ORANGE)
+    ax.set_xticks(range(len(sizes)), [f"{s:,}" for s in sizes])
+    ax.set_xlabel("future payments waiting (delaypay: rows in the table; naive: ETA tasks in the worker)")
     ax.set_ylabel("worker RSS, parent + prefork children (MB)")
     ax.set_title(
         f"Worker memory while payments wait: delaypay x{_fmt(run.get('delaypay_worker_rss_growth'), '.2f')}, "
-        f"naive x{_fmt(run.get('naive_worker_rss_growth'), '.1f')}", loc="left")
+        f"naive x{_fmt(run.get('naive_worker_rss_growth'), '.1f')} (measured up to {run.get('naive_reached', 0):,})",
+        loc="left")
     ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -104,6 +104,11 @@ def summary(run: dict) -> str:
                 rest = ", ".join(f"{k} {v:,.0f} MB" for k, v in level.items() if isinstance(v, float))
                 lines.append(f"{side:<9} {int(size):>9,} future payments: {rest}")
             lines.append(f"{side:<9} worker RSS growth {_num(run.get(f'{side}_worker_rss_growth'), '.2f')}x")
+        if run.get("naive_stopped_because"):
+            lines.append(f"naive     stopped at {run['naive_reached']:,} ETA tasks: {run['naive_stopped_because']}")
+        for size, mb in (run.get("naive_worker_mb_extrapolated") or {}).items():
+            lines.append(f"naive     at {int(size):,} tasks the worker would hold ~{mb:,.0f} MB "
+                         f"(extrapolated: {run['naive_kb_per_task']:.1f} KB per held task)")
     return "\n".join(lines)
 
 

@@ -57,7 +57,8 @@ class Options:
     pgbench_clients: int = 8
     naive: bool = True
     naive_payments: int | None = None
-    naive_budget: float = 600.0
+    naive_budget: float = 300.0
+    naive_rss_cap_mb: float = 3000.0
     profile: bool = False
     keep: bool = False
     out_dir: Path = Path("bench-out")
@@ -278,7 +279,7 @@ def drain_naive(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
             )
             step = window / n
             etas = [due_at + timedelta(seconds=step * i) for i in range(n)]
-            enqueue_s = enqueue(
+            enqueue_s, _ = enqueue(
                 [loader.payment_id(i) for i in range(loaded.first, loaded.last + 1)], etas=etas, broker_url=redis_url
             )
             margin = (due_at - db_now()).total_seconds()
@@ -470,18 +471,24 @@ def run_memory(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
                 stack.start_worker(f"worker{i + 1}", concurrency=opts.concurrency, extra_args=NAIVE_INCLUDE)
             wait_ready(stack, list(stack.procs))
             eta = db_now() + timedelta(hours=1)
-            held, spent = 0, 0.0
+            held, started = 0, time.monotonic()
+            deadline = started + opts.naive_budget
+
+            def enough() -> str | None:
+                """Why the naive side must stop growing now, if it must."""
+                if time.monotonic() > deadline:
+                    return f"the --naive-budget of {opts.naive_budget:.0f}s is spent"
+                worker_mb = snapshot(stack_pids(stack)).get("worker", {}).get("rss_mb", 0.0)
+                if worker_mb > opts.naive_rss_cap_mb:
+                    return f"the worker holds {worker_mb:,.0f} MB (--naive-rss-cap-mb {opts.naive_rss_cap_mb:,.0f})"
+                return None
+
             for size in sorted({MEMORY_SMALL, min(100_000, large), large}):
-                if spent > opts.naive_budget:
-                    opts.say(f"  naive: stopped at {held:,} tasks, the --naive-budget of {opts.naive_budget:.0f}s "
-                             "is spent")
-                    break
                 ids = [loader.payment_id(i) for i in range(held + 1, size + 1)]
-                started = time.monotonic()
-                enqueue(ids, etas=[eta] * len(ids), broker_url=redis_url)
-                received = wait_received(redis_url, NAIVE_QUEUE, timeout=max(60.0, opts.naive_budget - spent))
-                spent += time.monotonic() - started
-                held = size
+                _, sent = enqueue(ids, etas=[eta] * len(ids), broker_url=redis_url, stop=enough)
+                received = wait_received(redis_url, NAIVE_QUEUE, timeout=max(60.0, deadline - time.monotonic()))
+                held += sent
+                size = held
                 time.sleep(SETTLE_SECONDS / 2)
                 snap = snapshot(stack_pids(stack))
                 out["naive"][str(size)] = {
@@ -490,7 +497,12 @@ def run_memory(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
                     "redis_mb": round(redis.Redis.from_url(redis_url).info("memory")["used_memory"] / 2**20, 1),
                 }
                 opts.say(f"  naive, {size:,} ETA tasks held{'' if received else ' (not all received yet)'}: "
-                         + _rss_line(snap) + f"; enqueue+receive {spent:.0f}s so far")
+                         + _rss_line(snap) + f"; {time.monotonic() - started:.0f}s of enqueueing so far")
+                reason = enough()
+                if reason and held < large:
+                    out["naive_stopped_because"] = reason
+                    opts.say(f"  naive: stopped at {held:,} tasks: {reason}")
+                    break
         finally:
             stack.stop()
     out["naive_reached"] = max((int(k) for k in out["naive"]), default=0)
@@ -499,6 +511,14 @@ def run_memory(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
         if len(levels) >= 2:
             lo, hi = levels[min(levels, key=int)], levels[max(levels, key=int)]
             out[f"{side}_worker_rss_growth"] = round(hi["worker"] / lo["worker"], 2) if lo.get("worker") else None
+    naive_levels = sorted((int(k), v) for k, v in out["naive"].items())
+    if len(naive_levels) >= 2 and out["naive_reached"] < large:
+        # Held tasks cost memory linearly (one Request and one timer entry each): say what
+        # the largest level would take, clearly marked as an extrapolation.
+        (n0, lo), (n1, hi) = naive_levels[0], naive_levels[-1]
+        per_task_kb = (hi["worker"] - lo["worker"]) * 1024 / (n1 - n0)
+        out["naive_kb_per_task"] = round(per_task_kb, 2)
+        out["naive_worker_mb_extrapolated"] = {str(large): round(lo["worker"] + per_task_kb * (large - n0) / 1024, 0)}
     out["peak_rss_mb"] = {"delaypay_worker": out["delaypay"].get(str(large), {}).get("worker"),
                           "naive_worker": out["naive"].get(str(out["naive_reached"]), {}).get("worker")}
     out["correct"] = True  # nothing executes here; there is nothing to check

@@ -38,8 +38,10 @@ class Command(BaseCommand):
         parser.add_argument("--no-naive", action="store_true", help="skip the naive Celery baseline")
         parser.add_argument("--naive-payments", type=int, help="payments for the naive drain (default "
                             "min(payments, 20000); steady: the same load)")
-        parser.add_argument("--naive-budget", type=float, default=600.0,
-                            help="memory: seconds of enqueueing ETA tasks before the naive side stops growing")
+        parser.add_argument("--naive-budget", type=float, default=300.0,
+                            help="memory: seconds of enqueueing ETA tasks before the naive side stops growing (300)")
+        parser.add_argument("--naive-rss-cap-mb", type=float, default=3000.0,
+                            help="memory: naive worker RSS at which it stops growing (3000 MB; the machine is shared)")
         parser.add_argument("--profile", action="store_true",
                             help="py-spy the workers during the drain (needs py-spy); summary in the JSON")
         parser.add_argument("--keep", action="store_true", help="keep the scratch databases (for inspection)")
@@ -71,6 +73,7 @@ class Command(BaseCommand):
                     naive=not opts["no_naive"],
                     naive_payments=opts["naive_payments"],
                     naive_budget=opts["naive_budget"],
+                    naive_rss_cap_mb=opts["naive_rss_cap_mb"],
                     profile=opts["profile"],
                     keep=opts["keep"],
                     out_dir=log_root,
