@@ -23,6 +23,13 @@ def pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path, rect=(0, 0, 1, 1)) -> Path:
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def _fmt(value, spec: str = ",.0f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
@@ -95,10 +102,7 @@ def drain_chart(run: dict, path: Path) -> Path:
         + f"    {run.get('workers', 1)} worker x {run.get('concurrency', 2)}, batch {run['knobs']['claim_batch']}"
     )
     fig.text(0.01, 0.005, note, fontsize=8.5, color="#444")
-    fig.tight_layout(rect=(0, 0.025, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path, rect=(0, 0.025, 1, 1))
 
 
 def _lateness_per_second(ax, run: dict, naive: dict) -> None:
@@ -160,7 +164,7 @@ def backlog_chart(run: dict, path: Path) -> Path:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     levels = sorted(run["levels"].items(), key=lambda kv: int(kv[0]))
-    names = [f"{int(size):,} pending" for size, _ in levels]
+    names = [f"{int(size):,} future payments pending" for size, _ in levels]
     x = range(len(levels))
     ax.bar([i - 0.2 for i in x], [lv["claim_ms_p50"] for _, lv in levels], width=0.4, color=BLUE,
            label="claim_due(), wall clock p50")
@@ -171,14 +175,13 @@ def backlog_chart(run: dict, path: Path) -> Path:
         ax.text(i + 0.2, lv["explain_ms_p50"], f"{lv['explain_ms_p50']:.2f} ms", ha="center", va="bottom",
                 fontsize=9)
     ax.set_xticks(list(x), names)
+    top = max(max(lv["claim_ms_p50"], lv["explain_ms_p50"]) for _, lv in levels)
+    ax.set_ylim(0, top * 1.35)
     ax.set_ylabel(f"ms to claim {run['due_rows']} due rows")
     ax.set_title(f"Claim latency as the schedule grows: {run['claim_latency_ratio']:.2f}x (target <= 1.3x)",
                  loc="left")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    ax.legend(loc="upper center", ncol=2)
+    return _save(plt, fig, path)
 
 
 def memory_chart(run: dict, path: Path) -> Path:
@@ -208,10 +211,7 @@ def memory_chart(run: dict, path: Path) -> Path:
         f"naive x{_fmt(run.get('naive_worker_rss_growth'), '.1f')} (measured up to {run.get('naive_reached', 0):,})",
         loc="left")
     ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
 
 
 def chart(run: dict, path: Path) -> Path:
