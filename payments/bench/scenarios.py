@@ -48,7 +48,7 @@ class Options:
     payments: int | None = None
     accounts: int = 10_000
     workers: int = 1
-    concurrency: int = 2
+    concurrency: int = 4
     rate: float = 300.0
     duration: float = 60.0
     lead: float | None = None

@@ -25,7 +25,8 @@ class Command(BaseCommand):
                             "rate x duration; backlog: the large backlog, 2000000; memory: the large level, 1000000)")
         parser.add_argument("--accounts", type=int, default=10_000, help="accounts (default 10000)")
         parser.add_argument("--workers", type=int, default=1, help="Celery worker processes (Procfile `worker`)")
-        parser.add_argument("--concurrency", type=int, default=2, help="prefork children per worker (default 2)")
+        parser.add_argument("--concurrency", type=int, default=4,
+                            help="prefork children per worker (default 4, as the Procfile)")
         parser.add_argument("--rate", type=float, default=300.0, help="steady: payments due per second (300)")
         parser.add_argument("--duration", type=float, default=60.0, help="steady: seconds of load (60)")
         parser.add_argument("--json", type=Path, help="write the figures as JSON to this path")
