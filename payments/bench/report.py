@@ -80,7 +80,9 @@ def summary(run: dict) -> str:
             + ("" if run.get("correct") else f"  {run.get('check', {}).get('violations')}"),
         ]
         naive = run.get("naive")
-        if naive:
+        if naive and naive.get("error"):
+            lines.append(f"naive Celery ETA    abandoned: {naive['error']}")
+        elif naive:
             lines += [
                 f"naive Celery ETA    {naive.get('payments', 0):,} payments: {_num(naive.get('payments_per_s'))}"
                 f" payments/s ({_num(naive.get('ratio_vs_pgbench'), '.2f')}x pgbench); delaypay is"

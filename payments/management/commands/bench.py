@@ -33,7 +33,7 @@ class Command(BaseCommand):
         parser.add_argument("--chart", type=Path, help="draw a PNG chart to this path (needs matplotlib)")
         parser.add_argument("--out", type=Path, default=Path("bench-out"), help="directory for process logs")
         parser.add_argument("--lead", type=float, help="seconds between the start of loading and the due instant "
-                            "(default: 8 + payments/10000)")
+                            "(default: 8 + payments/10000; naive: also + payments/500 for publishing)")
         parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a drain (900)")
         parser.add_argument("--pgbench-seconds", type=int, default=15, help="pgbench duration (15)")
         parser.add_argument("--no-naive", action="store_true", help="skip the naive Celery baseline")
