@@ -126,7 +126,10 @@ def summarize(stacks: Counter, *, top: int = 25, only: str = "execute_batch (") 
         self_time[labels[-1]] += n
         own = [line for line in (_own_line(f) for f in frames) if line]
         if own:
-            lines[own[-1]] += n
+            # The caller tells apart a shared helper's uses (the ledger's unlocked preview
+            # and its locking post both run _decide).
+            caller = f" <- {own[-2].split(' ', 1)[1]}" if len(own) > 1 else ""
+            lines[own[-1] + caller] += n
 
     def shares(counter: Counter) -> list[tuple[str, float]]:
         return [(label, round(100 * n / total, 1)) for label, n in counter.most_common(top)] if total else []

@@ -16,8 +16,8 @@ def test_profile_summary_counts_only_samples_inside_the_task_and_names_the_state
     result = summarize(parse_collapsed(COLLAPSED))
     assert (result["samples"], result["task_samples"]) == (100, 10)
     assert result["lines"][:2] == [
-        ("payments/execution.py:164 execute_batch", 60.0),
-        ("ledger/services.py:79 ledger_post_batch", 30.0),
+        ("payments/execution.py:164 execute_batch <- execute_batch", 60.0),
+        ("ledger/services.py:79 ledger_post_batch <- execute_batch", 30.0),
     ]
     assert ("wait (psycopg/connection.py)", 90.0) in result["inclusive"]
     assert result["self"][0] == ("wait (psycopg/connection.py)", 90.0)
