@@ -120,3 +120,42 @@ def targets_table(results: list[dict]) -> str:
         verdict = {True: "met", False: "NOT met", None: "not measured"}[t["met"]]
         lines.append(f"{t['scenario']:<11} {t['what']:<52} {t['target']:<9} {_num(t['value'], '.3g'):>8}  {verdict}")
     return "\n".join(lines)
+
+
+def markdown(runs: dict[str, dict], targets: list[dict], command: str) -> str:
+    """The README's figures table for a run of ``bench all``."""
+    rows = ["| scenario | payments | drain s | payments/s | pgbench tps | ratio | naive /s | "
+            "dispatch p50/p99 s | execution p50/p99 s | worker RSS MB | correct |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in ("burst", "hot-sender", "steady"):
+        run = runs.get(name)
+        if not run:
+            continue
+        di, ex = run.get("dispatch_lateness_s") or {}, run.get("execution_lateness_s") or {}
+        rows.append(
+            f"| {name} | {run['payments']:,} | {_num(run.get('drain_s'), '.1f')} | {_num(run.get('payments_per_s'))}"
+            f" | {_num(run.get('pgbench_tps'))} | {_num(run.get('ratio_vs_pgbench'), '.2f')}x"
+            f" | {_num((run.get('naive') or {}).get('payments_per_s'))}"
+            f" | {_num(di.get('p50'), '.2f')} / {_num(di.get('p99'), '.2f')}"
+            f" | {_num(ex.get('p50'), '.2f')} / {_num(ex.get('p99'), '.2f')}"
+            f" | {_num((run.get('peak_rss_mb') or {}).get('worker'))} | {run.get('correct')} |")
+    backlog, memory = runs.get("backlog"), runs.get("memory")
+    lines = ["\n".join(rows), ""]
+    if backlog:
+        levels = sorted(backlog["levels"].items(), key=lambda kv: int(kv[0]))
+        lines.append("backlog: claim_due p50 " + ", ".join(
+            f"{lv['claim_ms_p50']:.2f} ms at {int(size):,} pending" for size, lv in levels)
+            + f" -> {backlog['claim_latency_ratio']:.2f}x")
+    if memory:
+        def side(name):
+            levels = sorted(memory[name].items(), key=lambda kv: int(kv[0]))
+            return ", ".join(f"{lv.get('worker', 0):,.0f} MB at {int(size):,}" for size, lv in levels)
+        lines.append(f"memory: delaypay worker {side('delaypay')}; naive worker {side('naive')}"
+                     + "".join(f" (~{mb:,.0f} MB at {int(size):,}, extrapolated)"
+                               for size, mb in (memory.get("naive_worker_mb_extrapolated") or {}).items()))
+    lines += ["", "| target | wanted | measured | |", "|---|---|---|---|"]
+    for t in targets:
+        verdict = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
+        lines.append(f"| {t['scenario']}: {t['what']} | {t['target']} | {_num(t['value'], '.3g')} | {verdict} |")
+    lines += ["", f"Command: `{command}`"]
+    return "\n".join(lines)

@@ -1,6 +1,7 @@
 """``manage.py bench SCENARIO``: the due-time burst benchmark (README "Benchmarks")."""
 
 import json
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,6 +95,8 @@ class Command(BaseCommand):
                     self._chart(run, opts["chart"], single=len(scenarios) == 1)
         targets = report.target_results(runs)
         self.stdout.write(report.targets_table(targets))
+        if len(scenarios) > 1:
+            self.stdout.write("== for the README ==\n" + report.markdown(runs, targets, " ".join(sys.argv)))
         self.stdout.write(f"logs in {log_root}; {time.monotonic() - started:.0f}s in all")
         if opts["json"]:
             body = runs[scenarios[0]] if len(scenarios) == 1 else {"scenario": "all", "runs": runs}
