@@ -47,8 +47,10 @@ class FailureReason(models.TextChoices):
 
 class ScheduledPayment(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_payment_id, editable=False)
+    # No single-column index: payments_payer_idx (payer, execute_at) serves every lookup
+    # by payer, and each index here costs every claim and every finish (README "Benchmarks").
     payer = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="scheduled_payments"
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="scheduled_payments", db_index=False
     )
     from_account = models.ForeignKey(
         "ledger.Account", on_delete=models.PROTECT, related_name="outgoing_payments", db_index=False
@@ -141,7 +143,8 @@ class ExecutionAttempt(models.Model):
         STALE = "stale"  # a message whose attempt was superseded: changed nothing
         ERROR = "error"  # unexpected error; the payment stays claimable
 
-    payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="attempts")
+    # Indexed by payments_attempt_unique (payment, attempt): no second index.
+    payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="attempts", db_index=False)
     attempt = models.IntegerField()
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(db_default=Now())
@@ -170,7 +173,8 @@ class PaymentEvent(models.Model):
         EXECUTED = "executed"
         FAILED = "failed"
 
-    payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="events")
+    # Indexed by payments_event_payment_idx (payment, id): no second index.
+    payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="events", db_index=False)
     kind = models.CharField(max_length=20, choices=Kind.choices)
     from_status = models.CharField(max_length=10, blank=True, default="")
     to_status = models.CharField(max_length=10)
