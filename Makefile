@@ -3,6 +3,7 @@
 #   make test  - venv, requirements, services, then ruff and the whole pytest suite
 #   make chaos - the full fault-injection run (20,000 payments) on private PostgreSQL/Redis
 #   make chaos-ci - the small fault-injection run .ci/run does on every submission
+#   make bench / bench-all - the due-time burst benchmark (README "Benchmarks")
 # Both are idempotent; the venv is reinstalled only when a requirements file changes.
 
 PYTHON ?= python3.11
@@ -15,7 +16,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # sums them (README "Metrics"). The tests use their own (pyproject.toml).
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test install services lint check-deploy flower metrics-dir schema chaos chaos-ci
+.PHONY: run test install services lint check-deploy flower metrics-dir schema chaos chaos-ci bench bench-all
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -90,3 +91,12 @@ check-deploy: install
 schema: install
 	mkdir -p var
 	DJANGO_DEBUG=1 $(BIN)/python manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml
+
+# The due-time burst benchmark on scratch databases (README "Benchmarks"). BENCH_ARGS adds
+# options, e.g. make bench BENCH_ARGS="--workers 2 --profile".
+BENCH_OUT ?= bench-out
+bench: install services
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py bench burst --json $(BENCH_OUT)/burst.json --chart $(BENCH_OUT)/burst.png $(BENCH_ARGS)
+
+bench-all: install services
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py bench all --json $(BENCH_OUT)/all.json --chart $(BENCH_OUT)/all.png $(BENCH_ARGS)

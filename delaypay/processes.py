@@ -54,14 +54,16 @@ class Stack:
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: list = []
 
-    def _spawn(self, name: str, kind: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        """Run the Procfile's ``kind`` line under the name ``name``."""
+    def _spawn(
+        self, name: str, kind: str, env: dict[str, str] | None = None, extra_args: str = ""
+    ) -> subprocess.Popen:
+        """Run the Procfile's ``kind`` line (plus ``extra_args``) under the name ``name``."""
         if name in self.procs and self.procs[name].poll() is None:
             raise RuntimeError(f"{name} is already running")
         log = open(self.log_dir / f"{name}.log", "ab")
         self._logs.append(log)
         proc = subprocess.Popen(
-            ["sh", "-c", f"exec {procfile()[kind]}"],
+            ["sh", "-c", f"exec {procfile()[kind]} {extra_args}".rstrip()],
             cwd=BASE_DIR,
             # application_name in pg_stat_activity: which process holds which transaction.
             env={**self.env, "PGAPPNAME": name, **(env or {})},
@@ -73,8 +75,10 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def start_worker(self, name: str = "worker", *, concurrency: int = 2) -> subprocess.Popen:
-        return self._spawn(name, "worker", {"WORKER_NAME": name, "WORKER_CONCURRENCY": str(concurrency)})
+    def start_worker(self, name: str = "worker", *, concurrency: int = 2, extra_args: str = "") -> subprocess.Popen:
+        return self._spawn(
+            name, "worker", {"WORKER_NAME": name, "WORKER_CONCURRENCY": str(concurrency)}, extra_args
+        )
 
     def start_promoter(self, name: str = "promoter") -> subprocess.Popen:
         return self._spawn(name, "promoter", {"PROMOTER_NAME": name})

@@ -56,6 +56,80 @@ class AccountStateError(ValueError):
     pass
 
 
+def _check_postings(postings: Sequence[Posting]) -> None:
+    if not connection.in_atomic_block:
+        raise RuntimeError("the ledger's batch services must run inside transaction.atomic()")
+    for p in postings:
+        if p.amount <= 0 or p.debit_account_id == p.credit_account_id:
+            raise InvalidPosting(f"invalid posting {p!r}")
+
+
+def _decide(cur, postings: Sequence[Posting], *, lock: bool):
+    """Read the accounts (``FOR UPDATE`` in ascending id order when ``lock``) and the
+    existing transfers, and decide every posting in order: the guard first, then account
+    state and funds. Returns (results, balance deltas, transfers to insert)."""
+    account_ids = sorted({p.debit_account_id for p in postings} | {p.credit_account_id for p in postings})
+    keys = [p.key for p in postings]
+    cur.execute(
+        "SELECT id, kind, status, balance FROM ledger_account"
+        " WHERE id = ANY(%s) ORDER BY id" + (" FOR UPDATE" if lock else ""),
+        [account_ids],
+    )
+    accounts = {row[0]: {"kind": row[1], "status": row[2], "balance": row[3]} for row in cur.fetchall()}
+    missing = set(account_ids) - accounts.keys()
+    if missing:
+        raise UnknownAccount(", ".join(sorted(missing)))
+
+    cur.execute("SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)", [keys])
+    existing: dict[str, datetime] = dict(cur.fetchall())
+    cur.execute("SELECT now()")
+    now = cur.fetchone()[0]
+
+    results: dict[str, PostResult] = {}
+    deltas: dict[str, int] = {}
+    new_transfers: list[Posting] = []
+    for p in postings:
+        if p.key in existing:
+            results[p.key] = PostResult(Outcome.ALREADY_APPLIED, existing[p.key])
+            continue
+        if p.key in results:  # the same key twice in one batch: the first one counts
+            first = results[p.key]
+            results[p.key] = (
+                PostResult(Outcome.ALREADY_APPLIED, first.posted_at) if first.outcome.moved else first
+            )
+            continue
+        debit, credit = accounts[p.debit_account_id], accounts[p.credit_account_id]
+        if debit["status"] == Account.Status.CLOSED or credit["status"] == Account.Status.CLOSED:
+            results[p.key] = PostResult(Outcome.ACCOUNT_CLOSED, None)
+        elif debit["status"] == Account.Status.FROZEN:
+            results[p.key] = PostResult(Outcome.ACCOUNT_FROZEN, None)
+        elif debit["kind"] == Account.Kind.USER and debit["balance"] < p.amount:
+            results[p.key] = PostResult(Outcome.INSUFFICIENT_FUNDS, None)
+        else:
+            debit["balance"] -= p.amount
+            credit["balance"] += p.amount
+            deltas[p.debit_account_id] = deltas.get(p.debit_account_id, 0) - p.amount
+            deltas[p.credit_account_id] = deltas.get(p.credit_account_id, 0) + p.amount
+            new_transfers.append(p)
+            results[p.key] = PostResult(Outcome.APPLIED, now)
+    return results, deltas, new_transfers
+
+
+def ledger_preview_batch(*, postings: Sequence[Posting]) -> dict[str, PostResult]:
+    """What ``ledger_post_batch`` would decide now, from reads that take no lock; writes
+    nothing. A forecast only: the decision that counts is the one made under the locks.
+
+    It lets a caller do its own writes before the account locks are taken, then
+    compare the forecast with ``ledger_post_batch``'s result and roll back on any
+    difference (the executor: see payments/execution.py).
+    """
+    _check_postings(postings)
+    if not postings:
+        return {}
+    with connection.cursor() as cur:
+        return _decide(cur, postings, lock=False)[0]
+
+
 def ledger_post_batch(*, postings: Sequence[Posting]) -> dict[str, PostResult]:
     """Apply postings in the given order inside the caller's transaction.
 
@@ -65,60 +139,12 @@ def ledger_post_batch(*, postings: Sequence[Posting]) -> dict[str, PostResult]:
     own status and funds check against balances locked ``FOR UPDATE`` in ascending
     id order, so concurrent batches cannot deadlock on accounts.
     """
-    if not connection.in_atomic_block:
-        raise RuntimeError("ledger_post_batch must run inside transaction.atomic()")
-    for p in postings:
-        if p.amount <= 0 or p.debit_account_id == p.credit_account_id:
-            raise InvalidPosting(f"invalid posting {p!r}")
+    _check_postings(postings)
     if not postings:
         return {}
 
-    account_ids = sorted({p.debit_account_id for p in postings} | {p.credit_account_id for p in postings})
-    keys = [p.key for p in postings]
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT id, kind, status, balance FROM ledger_account"
-            " WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
-            [account_ids],
-        )
-        accounts = {row[0]: {"kind": row[1], "status": row[2], "balance": row[3]} for row in cur.fetchall()}
-        missing = set(account_ids) - accounts.keys()
-        if missing:
-            raise UnknownAccount(", ".join(sorted(missing)))
-
-        cur.execute("SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)", [keys])
-        existing: dict[str, datetime] = dict(cur.fetchall())
-        cur.execute("SELECT now()")
-        now = cur.fetchone()[0]
-
-        results: dict[str, PostResult] = {}
-        deltas: dict[str, int] = {}
-        new_transfers: list[Posting] = []
-        for p in postings:
-            if p.key in existing:
-                results[p.key] = PostResult(Outcome.ALREADY_APPLIED, existing[p.key])
-                continue
-            if p.key in results:  # the same key twice in one batch: the first one counts
-                first = results[p.key]
-                results[p.key] = (
-                    PostResult(Outcome.ALREADY_APPLIED, first.posted_at) if first.outcome.moved else first
-                )
-                continue
-            debit, credit = accounts[p.debit_account_id], accounts[p.credit_account_id]
-            if debit["status"] == Account.Status.CLOSED or credit["status"] == Account.Status.CLOSED:
-                results[p.key] = PostResult(Outcome.ACCOUNT_CLOSED, None)
-            elif debit["status"] == Account.Status.FROZEN:
-                results[p.key] = PostResult(Outcome.ACCOUNT_FROZEN, None)
-            elif debit["kind"] == Account.Kind.USER and debit["balance"] < p.amount:
-                results[p.key] = PostResult(Outcome.INSUFFICIENT_FUNDS, None)
-            else:
-                debit["balance"] -= p.amount
-                credit["balance"] += p.amount
-                deltas[p.debit_account_id] = deltas.get(p.debit_account_id, 0) - p.amount
-                deltas[p.credit_account_id] = deltas.get(p.credit_account_id, 0) + p.amount
-                new_transfers.append(p)
-                results[p.key] = PostResult(Outcome.APPLIED, now)
-
+        results, deltas, new_transfers = _decide(cur, postings, lock=True)
         if new_transfers:
             # Set-based writes: one INSERT and one UPDATE for the whole batch.
             cur.execute(

@@ -18,13 +18,18 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import connection, transaction
 
-from ledger.services import Outcome, Posting, ledger_post_batch
+from ledger.services import Outcome, Posting, ledger_post_batch, ledger_preview_batch
 
 from .models import ExecutionAttempt, FailureReason, PaymentEvent, PaymentStatus
 
 logger = logging.getLogger(__name__)
 
 Pair = tuple[str, int]
+
+
+class ForecastMissed(Exception):
+    """The ledger decided, under the account locks, other outcomes than forecast: the
+    batch's transaction is rolled back (the ledger's writes with it) and run again."""
 
 
 class FenceViolation(RuntimeError):
@@ -51,12 +56,19 @@ class BatchResult:
         self.execution_lateness += other.execution_lateness
 
 
+# The fence and the CAS find their rows by primary key, always. The expected status
+# comes in as a column of the unnest (every element 'EXECUTING') rather than as the
+# literal: with the literal the planner may pick the partial lease index, whose
+# statistics are stale in a burst (EXECUTING goes from ~0 to tens of thousands of rows
+# within seconds, long before autovacuum analyzes), and then every batch scans all
+# in-flight rows: O(in-flight) per batch instead of O(batch).
 LOCK_SQL = """
 SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
        coalesce(p.execute_at + p.expires_after < now(), false) AS expired
   FROM payments_scheduledpayment p
-  JOIN unnest(%s::text[], %s::int[]) AS m(id, attempt) ON m.id = p.id AND m.attempt = p.attempt
- WHERE p.status = 'EXECUTING'
+  JOIN unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
+    ON m.id = p.id AND m.attempt = p.attempt AND m.status = p.status
+ WHERE p.id = ANY(%(ids)s::text[])
  ORDER BY p.id
    FOR UPDATE OF p
 """
@@ -65,10 +77,16 @@ FINISH_SQL = """
 UPDATE payments_scheduledpayment p
    SET status = v.status, failure_reason = v.reason, executed_at = v.executed_at,
        lease_until = NULL, updated_at = now()
-  FROM unnest(%s::text[], %s::int[], %s::text[], %s::text[], %s::timestamptz[])
-       AS v(id, attempt, status, reason, executed_at)
- WHERE p.id = v.id AND p.status = 'EXECUTING' AND p.attempt = v.attempt
+  FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[], %(statuses)s::text[],
+              %(reasons)s::text[], %(executed_ats)s::timestamptz[])
+       AS v(id, attempt, expected, status, reason, executed_at)
+ WHERE p.id = ANY(%(ids)s::text[]) AND p.id = v.id AND p.attempt = v.attempt AND p.status = v.expected
 """
+
+
+def _fenced(ids: list[str], attempts: list[int], **columns) -> dict:
+    """Parameters of LOCK_SQL / FINISH_SQL: each row expected EXECUTING at its attempt."""
+    return {"ids": ids, "attempts": attempts, "expected": [PaymentStatus.EXECUTING.value] * len(ids), **columns}
 
 ATTEMPTS_SQL = """
 INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)
@@ -94,7 +112,24 @@ ON CONFLICT (payment_id, attempt) DO NOTHING
 
 def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResult:
     """Apply one batch of claimed payments atomically. Safe to call twice with the same
-    pairs, concurrently or after a crash: money moves once, the repeat is stale."""
+    pairs, concurrently or after a crash: money moves once, the repeat is stale.
+
+    The account locks are the one thing concurrent batches wait on (two batches of a
+    burst nearly always share an account), so they are taken last: the outcomes are
+    forecast from unlocked balances, the payments' statuses, attempts and events are
+    written from the forecast, and only then does the ledger lock the accounts, decide
+    again and move the money; if its decision differs from the forecast (a balance
+    changed in between), the whole transaction rolls back, the ledger's writes with it,
+    and the batch runs again with the locks taken first.
+    """
+    try:
+        return _execute_batch(pairs=pairs, worker=worker, forecast=True)
+    except ForecastMissed as exc:
+        logger.info("forecast missed (%s); running the batch again with the account locks first", exc)
+        return _execute_batch(pairs=pairs, worker=worker, forecast=False)
+
+
+def _execute_batch(*, pairs: list[Pair], worker: str | None, forecast: bool) -> BatchResult:
     worker = worker or worker_name()
     result = BatchResult()
     pairs = list(dict.fromkeys((str(pid), int(att)) for pid, att in pairs))
@@ -105,7 +140,7 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT now()")
         started_at = cur.fetchone()[0]
-        cur.execute(LOCK_SQL, [[p[0] for p in pairs], [p[1] for p in pairs]])
+        cur.execute(LOCK_SQL, _fenced([p[0] for p in pairs], [p[1] for p in pairs]))
         rows = cur.fetchall()
         locked = {(r[0], r[1]) for r in rows}
         result.stale = [p for p in pairs if p not in locked]
@@ -121,9 +156,8 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
             if r[1] > max_attempts or r[7]
         }
         live = [r for r in rows if r[0] not in ending]
-        outcomes = ledger_post_batch(
-            postings=[Posting(key=r[0], debit_account_id=r[2], credit_account_id=r[3], amount=r[4]) for r in live]
-        )
+        postings = [Posting(key=r[0], debit_account_id=r[2], credit_account_id=r[3], amount=r[4]) for r in live]
+        outcomes = (ledger_preview_batch if forecast else ledger_post_batch)(postings=postings)
         if ending:
             cur.execute("SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)", [list(ending)])
             moved = dict(cur.fetchall())
@@ -171,11 +205,19 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
                 result.failed[row[0]] = reason
 
         if ids:
-            cur.execute(FINISH_SQL, [ids, attempts, statuses, reasons, executed_ats])
+            cur.execute(FINISH_SQL, _fenced(ids, attempts, statuses=statuses, reasons=reasons,
+                                            executed_ats=executed_ats))
             if cur.rowcount != len(ids):
                 raise FenceViolation(f"CAS updated {cur.rowcount} of {len(ids)} locked payments")
             cur.execute(ATTEMPTS_SQL, [started_at, worker, ids, attempts, att_outcomes, errors])
             cur.execute(EVENTS_SQL, [f"worker:{worker}", ids, kinds, statuses, attempts, datas])
+        if forecast:
+            # Last, under the account locks: the ledger decides again and moves the money;
+            # any difference from the forecast rolls everything back (the raise below).
+            decided = ledger_post_batch(postings=postings)
+            if decided != outcomes:
+                changed = sorted(k for k in decided if decided[k] != outcomes.get(k))
+                raise ForecastMissed(f"{len(changed)} outcome(s) changed, e.g. {changed[:3]}")
         if result.stale:
             cur.execute(STALE_SQL, [started_at, worker, [p[0] for p in result.stale], [p[1] for p in result.stale]])
     if result.stale:
@@ -201,7 +243,7 @@ def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchR
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT now()")
         now = cur.fetchone()[0]
-        cur.execute(LOCK_SQL, [[payment_id], [attempt]])
+        cur.execute(LOCK_SQL, _fenced([payment_id], [attempt]))
         if not cur.fetchall():
             result.stale.append(pair)
             return result
@@ -210,7 +252,8 @@ def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchR
         if transfer is not None or attempt >= settings.DELAYPAY_MAX_ATTEMPTS:
             status = PaymentStatus.EXECUTED if transfer else PaymentStatus.FAILED
             reason = "" if transfer else FailureReason.ATTEMPTS_EXHAUSTED.value
-            cur.execute(FINISH_SQL, [[payment_id], [attempt], [status], [reason], [transfer[0] if transfer else None]])
+            cur.execute(FINISH_SQL, _fenced([payment_id], [attempt], statuses=[status], reasons=[reason],
+                                            executed_ats=[transfer[0] if transfer else None]))
             kind = PaymentEvent.Kind.EXECUTED if transfer else PaymentEvent.Kind.FAILED
             data = json.dumps({"outcome": "error", **({"failure_reason": reason} if reason else {})})
             cur.execute(EVENTS_SQL, [f"worker:{worker}", [payment_id], [kind], [status], [attempt], [data]])

@@ -1,0 +1,183 @@
+"""Set-based scenario loading: a few INSERT ... SELECT generate_series statements.
+
+Loading is not part of any measurement, but it must be fast enough for 2,000,000
+payments, so nothing here goes row by row through Python or the ORM. The rows look
+like the ones the API writes: a ``created`` event per payment, and every user account
+funded through a deposit transfer from the issuance account (so each balance equals
+its transfers and the sum of balances stays zero).
+
+Outcomes are planted, not left to chance: every payer is funded with exactly what its
+normal payments need, and every ``UNDERFUNDED_EVERY``-th payment asks for more than
+the whole system holds, so exactly those payments end FAILED(insufficient_funds)
+whatever order the batches run in.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+
+from ledger.models import ISSUANCE_ACCOUNT_ID
+
+UNDERFUNDED_EVERY = 50  # 2%
+UNDERFUNDED_AMOUNT = 10**12  # more than the sum of every balance in any scenario
+MAX_AMOUNT = 100  # normal payments are 1..MAX_AMOUNT units
+BENCH_USERNAME = "bench"
+
+# How execute_at is spread (fixed SQL fragments; never built from input).
+TIMINGS = {
+    # All at the same instant: the burst.
+    "at": "%(due_at)s::timestamptz",
+    # Evenly spaced over the window: the steady load (rate = payments / window).
+    "even": "%(due_at)s::timestamptz + ((g - %(first)s) * %(step)s) * interval '1 second'",
+    # Uniformly at random over the window: a schedule that is mostly in the future.
+    "random": "%(due_at)s::timestamptz + (random() * %(window)s) * interval '1 second'",
+}
+
+
+def account_id(n: int) -> str:
+    return f"acc_bench_{n:08d}"
+
+
+def payment_id(n: int) -> str:
+    return f"pay_bench_{n:010d}"
+
+
+TREASURY_ACCOUNT = account_id(1)
+
+ACCOUNTS_SQL = """
+INSERT INTO ledger_account (id, owner_id, name, kind, status, balance, created_at, updated_at)
+SELECT 'acc_bench_' || lpad(g::text, 8, '0'), %(owner)s,
+       CASE WHEN g = 1 THEN 'bench treasury' ELSE 'bench ' || g END,
+       'user', 'active', 0, now(), now()
+  FROM generate_series(1, %(accounts)s) AS g
+"""
+
+PAYMENTS_SQL = """
+WITH src AS (
+    SELECT g, f,
+           CASE WHEN %(hot)s THEN 2 + floor(random() * (%(accounts)s - 1))::int
+                ELSE (f + floor(random() * (%(accounts)s - 1))::int) %% %(accounts)s + 1 END AS t,
+           CASE WHEN g %% %(every)s = 0 THEN %(too_much)s::bigint
+                ELSE 1 + floor(random() * %(max_amount)s)::bigint END AS amount,
+           {execute_at} AS execute_at
+      FROM (SELECT g, CASE WHEN %(hot)s THEN 1 ELSE 1 + floor(random() * %(accounts)s)::int END AS f
+              FROM generate_series(%(first)s, %(last)s) AS g) AS s
+), ins AS (
+    INSERT INTO payments_scheduledpayment
+           (id, payer_id, from_account_id, to_account_id, amount, execute_at, status, failure_reason,
+            attempt, version, created_at, updated_at)
+    SELECT 'pay_bench_' || lpad(g::text, 10, '0'), %(payer)s,
+           'acc_bench_' || lpad(f::text, 8, '0'), 'acc_bench_' || lpad(t::text, 8, '0'),
+           amount, execute_at, 'SCHEDULED', '', 0, 1, now(), now()
+      FROM src
+ RETURNING id, from_account_id, amount, execute_at
+), created AS (
+    INSERT INTO payments_paymentevent
+           (payment_id, kind, from_status, to_status, attempt, actor, actor_user_id, data, created_at)
+    SELECT id, 'created', '', 'SCHEDULED', 0, %(actor)s, %(payer)s,
+           jsonb_build_object('amount', amount, 'execute_at', execute_at), now()
+      FROM ins
+), need AS (
+    SELECT from_account_id AS account_id, sum(amount) AS total
+      FROM ins WHERE amount < %(too_much)s GROUP BY from_account_id
+), deposits AS (
+    INSERT INTO ledger_transfer (key, debit_account_id, credit_account_id, amount, created_at)
+    SELECT 'dep_bench_' || %(first)s || '_' || account_id, %(issuance)s, account_id, total, now() FROM need
+), credited AS (
+    UPDATE ledger_account a SET balance = a.balance + need.total, updated_at = now()
+      FROM need WHERE a.id = need.account_id
+)
+UPDATE ledger_account
+   SET balance = balance - (SELECT coalesce(sum(total), 0) FROM need), updated_at = now()
+ WHERE id = %(issuance)s
+"""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    first: int
+    last: int
+    payments: int
+    underfunded: int  # these, and only these, must end FAILED(insufficient_funds)
+
+
+def bench_user():
+    user, created = get_user_model().objects.get_or_create(username=BENCH_USERNAME)
+    if created:
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    return user
+
+
+def load_accounts(*, accounts: int) -> None:
+    """``accounts`` empty user accounts ``acc_bench_00000001``...; number 1 is the treasury."""
+    if accounts < 2:
+        raise ValueError("a scenario needs at least 2 accounts")
+    with connection.cursor() as cur:
+        cur.execute(ACCOUNTS_SQL, {"owner": bench_user().pk, "accounts": accounts})
+
+
+def underfunded_count(first: int, last: int) -> int:
+    return last // UNDERFUNDED_EVERY - (first - 1) // UNDERFUNDED_EVERY
+
+
+def load_payments(
+    *,
+    payments: int,
+    accounts: int,
+    due_at: datetime,
+    timing: str = "at",
+    window_seconds: float = 0.0,
+    hot_sender: bool = False,
+    first: int = 1,
+    seed: float = 0.42,
+) -> Loaded:
+    """Insert ``payments`` SCHEDULED payments numbered from ``first``, their ``created``
+    events, and the deposits that fund their payers; one transaction.
+
+    ``timing``: "at" (all due at ``due_at``), "even" (spread evenly over
+    ``window_seconds`` from ``due_at``) or "random" (uniformly over the window).
+    ``hot_sender``: every payment debits the treasury account (number 1).
+    """
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {sorted(TIMINGS)}")
+    if payments < 1:
+        raise ValueError("payments must be positive")
+    last = first + payments - 1
+    params = {
+        "hot": hot_sender,
+        "accounts": accounts,
+        "every": UNDERFUNDED_EVERY,
+        "too_much": UNDERFUNDED_AMOUNT,
+        "max_amount": MAX_AMOUNT,
+        "first": first,
+        "last": last,
+        "due_at": due_at,
+        "step": window_seconds / payments,
+        "window": window_seconds,
+        "payer": bench_user().pk,
+        "actor": f"user:{bench_user().pk}",
+        "issuance": ISSUANCE_ACCOUNT_ID,
+    }
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT setseed(%s)", [seed])
+        cur.execute(PAYMENTS_SQL.format(execute_at=TIMINGS[timing]), params)
+    return Loaded(first=first, last=last, payments=payments, underfunded=underfunded_count(first, last))
+
+
+def analyze() -> None:
+    """Fresh planner statistics after a bulk load, as autovacuum would soon provide.
+
+    VACUUM cannot run inside a transaction: call this outside ``transaction.atomic``.
+    """
+    with connection.cursor() as cur:
+        for table in ("payments_scheduledpayment", "payments_paymentevent", "ledger_account", "ledger_transfer"):
+            cur.execute(f"VACUUM ANALYZE {table}")
+
+
+def underfunded_ids(first: int, last: int) -> set[str]:
+    """The ids planted as underfunded among payments ``first``..``last``."""
+    start = -(-first // UNDERFUNDED_EVERY) * UNDERFUNDED_EVERY
+    return {payment_id(n) for n in range(start, last + 1, UNDERFUNDED_EVERY)}

@@ -1,0 +1,544 @@
+"""The benchmark's scenarios. Each returns a JSON-able dict of figures.
+
+Every timed scenario runs on the real processes (``delaypay.processes.Stack``: the
+Procfile's worker, promoter and beat lines) against a fresh database and a private
+Redis, loads its payments set-based (not timed), waits for the due instant on the
+database clock, and reads its figures back from the database's own timestamps.
+"""
+
+import os
+import platform
+import secrets
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+
+from delaypay.processes import Stack
+from payments.promoter import CLAIM_SQL, claim_due
+
+from . import loader
+from .check import check_run
+from .measure import db_now, fetch_timings, figures, sleep_until, wait_drained
+from .pgbench import run_pgbench
+from .rss import RssSampler, snapshot
+from .scratch import fresh_database, scratch_name, server_version
+from .stats import percentile
+
+SCENARIOS = ("burst", "hot-sender", "steady", "backlog", "memory")
+DEFAULT_PAYMENTS = {"burst": 100_000, "hot-sender": 100_000, "backlog": 2_000_000, "memory": 1_000_000}
+NAIVE_INCLUDE = "--include payments.bench.naive_tasks"
+NAIVE_QUEUE = "execute"  # the naive worker is the Procfile's worker line on a private Redis
+
+
+class BenchError(RuntimeError):
+    """A run that cannot produce honest figures (e.g. loading overran the due instant)."""
+
+
+@dataclass
+class Options:
+    scenario: str
+    payments: int | None = None
+    accounts: int = 10_000
+    workers: int = 1
+    concurrency: int = 4
+    rate: float = 300.0
+    duration: float = 60.0
+    lead: float | None = None
+    timeout: float = 900.0
+    pgbench_seconds: int = 15
+    pgbench_clients: int = 8
+    naive: bool = True
+    naive_payments: int | None = None
+    naive_budget: float = 300.0
+    naive_rss_cap_mb: float = 3000.0
+    profile: bool = False
+    keep: bool = False
+    out_dir: Path = Path("bench-out")
+    run_id: str = field(default_factory=lambda: f"{os.getpid()}")
+    say: Callable[[str], None] = print
+
+    @property
+    def n_payments(self) -> int:
+        if self.payments:
+            return self.payments
+        if self.scenario == "steady":
+            return int(self.rate * self.duration)
+        return DEFAULT_PAYMENTS[self.scenario]
+
+
+def machine() -> dict:
+    """Context for reading the figures: the machine was shared, say how busy it was."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=settings.BASE_DIR, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "postgresql": server_version(),
+        "commit": commit,
+    }
+
+
+def knobs() -> dict:
+    return {
+        "claim_batch": settings.DELAYPAY_CLAIM_BATCH,
+        "promoter_budget_s": settings.DELAYPAY_PROMOTER_BUDGET_SECONDS,
+        "inflight_cap": settings.DELAYPAY_INFLIGHT_CAP,
+        "tick_s": settings.PROMOTER_TICK_SECONDS,
+        "lease_s": settings.DELAYPAY_LEASE_SECONDS,
+    }
+
+
+# --- processes --------------------------------------------------------------------------
+
+
+def child_env(redis_url: str, **extra: str) -> dict[str, str]:
+    """Environment of the Stack's processes: production settings (DEBUG off: no query
+    log, no debug cursor), the private Redis, and a throw-away key if none is set."""
+    return {
+        "REDIS_URL": redis_url,
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or secrets.token_urlsafe(48),
+        **extra,
+    }
+
+
+def flush_private_redis(url: str) -> None:
+    client = redis.Redis.from_url(url)
+    if client.connection_pool.connection_kwargs.get("port") == 6379:
+        raise BenchError("refusing to flush the shared Redis: the bench runs on a private redis-server")
+    client.flushdb()
+
+
+def wait_ready(stack: Stack, names: list[str], *, timeout: float = 90.0) -> None:
+    """Wait until each Celery process has logged that it is ready (beat: that it started)."""
+    deadline = time.monotonic() + timeout
+    pending = list(names)
+    while pending:
+        for name in list(pending):
+            log = stack.log(name)
+            if (" ready." in log) or (name.startswith("beat") and "beat: Starting" in log):
+                pending.remove(name)
+            elif stack.procs[name].poll() is not None:
+                raise BenchError(f"{name} exited during start-up:\n{log[-3000:]}")
+        if pending and time.monotonic() > deadline:
+            raise BenchError(f"{pending} not ready after {timeout}s")
+        time.sleep(0.2)
+
+
+def stack_pids(stack: Stack) -> dict[str, int]:
+    return {name: proc.pid for name, proc in stack.procs.items() if proc.poll() is None}
+
+
+def due_instant(lead: float):
+    """A whole second at least ``lead`` seconds from now, on the database clock."""
+    due = db_now() + timedelta(seconds=lead)
+    return due.replace(microsecond=0) + timedelta(seconds=1)
+
+
+def default_lead(payments: int) -> float:
+    # Loading (with VACUUM ANALYZE) ran at ~30k payments/s on the shared 2-core machine;
+    # allow for a busier one, and for the workers to settle.
+    return 8.0 + payments / 10_000
+
+
+def load_before(opts: Options, *, due_at, what: str, load: Callable[[], loader.Loaded]) -> tuple[loader.Loaded, float]:
+    """Run ``load`` (not timed) and make sure it committed before the due instant."""
+    started = time.monotonic()
+    loaded = load()
+    loader.analyze()
+    seconds = time.monotonic() - started
+    margin = (due_at - db_now()).total_seconds()
+    opts.say(f"  loaded {loaded.payments:,} {what} in {seconds:.1f}s; due in {margin:.1f}s")
+    if margin < 0.5:
+        raise BenchError(
+            f"loading took {seconds:.1f}s and overran the due instant; rerun with a larger --lead"
+        )
+    return loaded, seconds
+
+
+# --- the drain scenarios: burst, hot-sender, steady --------------------------------------
+
+
+def _timing(opts: Options) -> tuple[str, float]:
+    if opts.scenario == "steady":
+        return "even", opts.n_payments / opts.rate
+    return "at", 0.0
+
+
+def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
+    """delaypay on the real stack: load, wait for the due instant, drain, measure, check."""
+    n = opts.n_payments
+    timing, window = _timing(opts)
+    result: dict = {}
+    with fresh_database(scratch_name(opts.run_id, "delaypay"), keep=opts.keep):
+        loader.load_accounts(accounts=opts.accounts)
+        flush_private_redis(redis_url)
+        stack = Stack(log_dir / "delaypay", env=child_env(redis_url))
+        sampler = None
+        profiler = None
+        try:
+            stack.start_all(workers=opts.workers, concurrency=opts.concurrency)
+            wait_ready(stack, list(stack.procs))
+            sampler = RssSampler(lambda: stack_pids(stack)).start()
+            due_at = due_instant(opts.lead or default_lead(n))
+            loaded, load_s = load_before(
+                opts, due_at=due_at, what="payments",
+                load=lambda: loader.load_payments(
+                    payments=n, accounts=opts.accounts, due_at=due_at, timing=timing,
+                    window_seconds=window, hot_sender=opts.scenario == "hot-sender",
+                ),
+            )
+            last_due = due_at + timedelta(seconds=window)
+            sleep_until(due_at)
+            if opts.profile:
+                from .profile import Profiler
+
+                profiler = Profiler(
+                    {k: v for k, v in stack_pids(stack).items() if k.startswith("worker")}, log_dir / "delaypay"
+                ).start()
+            opts.say(f"  due at {due_at:%H:%M:%S}: draining {n:,} payments")
+            progress = _progress_printer(opts, n)
+            observed = wait_drained(due_to=last_due, timeout=window + opts.timeout, on_poll=progress)
+            if profiler is not None:
+                result["profile_files"] = [str(p) for p in profiler.stop()]
+                profiler = None
+            result.update(sampler.stop())
+            sampler = None
+        finally:
+            if profiler is not None:
+                profiler.stop()
+            if sampler is not None:
+                sampler.stop()
+            stack.stop()
+        if observed is None:
+            opts.say(f"  timed out after {window + opts.timeout:.0f}s; figures cover what finished")
+        result.update(figures(fetch_timings(due_from=due_at, due_to=last_due)))
+        check = check_run(expected_failed=loader.underfunded_ids(loaded.first, loaded.last))
+        result.update({
+            "load_s": round(load_s, 1),
+            "drain_observed_s": None if observed is None else round(observed, 2),
+            "expected_failed": loaded.underfunded,
+            "correct": check.correct and observed is not None,
+            "check": check.as_dict(),
+        })
+    return result
+
+
+def _progress_printer(opts: Options, total: int) -> Callable[[int], None]:
+    last = {"at": 0.0}
+
+    def show(left: int) -> None:
+        now = time.monotonic()
+        if now - last["at"] >= 5 or left == 0:
+            last["at"] = now
+            opts.say(f"    {total - left:,}/{total:,} finished")
+
+    return show
+
+
+def drain_naive(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
+    """The naive approach on the same stack shape: one ETA task per payment."""
+    from .naive import enqueue, wait_received
+
+    n = opts.naive_payments or min(opts.n_payments, 20_000)
+    timing, window = _timing(opts)
+    if opts.scenario == "steady":
+        n = opts.n_payments  # the same steady load, so lateness compares
+    result: dict = {"payments_loaded": n}
+    with fresh_database(scratch_name(opts.run_id, "naive"), keep=opts.keep):
+        loader.load_accounts(accounts=opts.accounts)
+        flush_private_redis(redis_url)
+        # ETA messages sit unacknowledged until due: keep Redis from redelivering them.
+        stack = Stack(log_dir / "naive", env=child_env(redis_url, DELAYPAY_VISIBILITY_TIMEOUT="7200"))
+        sampler = None
+        try:
+            for i in range(opts.workers):
+                stack.start_worker(f"worker{i + 1}", concurrency=opts.concurrency, extra_args=NAIVE_INCLUDE)
+            wait_ready(stack, list(stack.procs))
+            sampler = RssSampler(lambda: stack_pids(stack)).start()
+            # Publishing ran at 1,000-2,500 ETA tasks/s here while the naive worker was
+            # taking them in; allow for 500/s.
+            due_at = due_instant(opts.lead or (default_lead(n) + n / 500))
+            loaded, _ = load_before(
+                opts, due_at=due_at, what="payments (naive)",
+                load=lambda: loader.load_payments(
+                    payments=n, accounts=opts.accounts, due_at=due_at, timing=timing,
+                    window_seconds=window, hot_sender=opts.scenario == "hot-sender",
+                ),
+            )
+            step = window / n
+            etas = [due_at + timedelta(seconds=step * i) for i in range(n)]
+            enqueue_s, _ = enqueue(
+                [loader.payment_id(i) for i in range(loaded.first, loaded.last + 1)], etas=etas, broker_url=redis_url
+            )
+            margin = (due_at - db_now()).total_seconds()
+            opts.say(f"  enqueued {n:,} ETA tasks in {enqueue_s:.1f}s; due in {margin:.1f}s")
+            if margin < 0.5:
+                raise BenchError("enqueueing the naive ETA tasks overran the due instant; rerun with a larger --lead")
+            wait_received(redis_url, NAIVE_QUEUE, timeout=max(1.0, margin - 0.5))
+            result["rss_holding_mb"] = {k: round(v["rss_mb"], 1) for k, v in snapshot(stack_pids(stack)).items()}
+            last_due = due_at + timedelta(seconds=window)
+            sleep_until(due_at)
+            opts.say(f"  due at {due_at:%H:%M:%S}: naive workers draining {n:,} payments")
+            observed = wait_drained(due_to=last_due, timeout=window + opts.timeout,
+                                    on_poll=_progress_printer(opts, n))
+            result.update(sampler.stop())
+            sampler = None
+        finally:
+            if sampler is not None:
+                sampler.stop()
+            stack.stop()
+        result.update(figures(fetch_timings(due_from=due_at, due_to=last_due)))
+        check = check_run(expected_failed=loader.underfunded_ids(loaded.first, loaded.last), audit=False)
+        result.update({
+            "enqueue_s": round(enqueue_s, 1),
+            "enqueue_per_s": round(n / enqueue_s, 1) if enqueue_s else None,
+            "drain_observed_s": None if observed is None else round(observed, 2),
+            "correct": check.correct and observed is not None,
+            "check": check.as_dict(),
+        })
+    return result
+
+
+def run_drain(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
+    out: dict = {"scenario": opts.scenario, "payments": opts.n_payments, "accounts": opts.accounts,
+                 "workers": opts.workers, "concurrency": opts.concurrency, "knobs": knobs()}
+    if opts.scenario == "steady":
+        out["rate"] = opts.rate
+    pgb_before = _pgbench(opts, log_dir, "before")
+    opts.say(f"delaypay: {opts.scenario}, {opts.n_payments:,} payments, {opts.accounts:,} accounts, "
+             f"{opts.workers} worker(s) x {opts.concurrency}")
+    delaypay = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir)
+    out.update(delaypay)
+    pgb_after = _pgbench(opts, log_dir, "after")
+    # The machine is shared: pgbench runs right before and right after delaypay's drain and
+    # the ratio uses their mean, so a neighbour's load shifts both sides of it alike.
+    pgb = {**pgb_before, "tps": round((pgb_before["tps"] + pgb_after["tps"]) / 2, 1),
+           "tps_before": pgb_before["tps"], "tps_after": pgb_after["tps"]}
+    out["pgbench"] = pgb
+    out["pgbench_tps"] = pgb["tps"]
+    pps = delaypay.get("payments_per_s")
+    out["ratio_vs_pgbench"] = round(pps / pgb["tps"], 3) if pps and pgb["tps"] else None
+    if opts.naive:
+        opts.say("naive: one apply_async(eta=execute_at) per payment")
+        try:
+            naive = drain_naive(opts, redis_url=redis_url, log_dir=log_dir)
+        except BenchError as exc:  # the baseline failing must not lose delaypay's figures
+            opts.say(f"  naive baseline abandoned: {exc}")
+            naive = {"error": str(exc)}
+        naive["ratio_vs_pgbench"] = (
+            round(naive["payments_per_s"] / pgb["tps"], 3) if naive.get("payments_per_s") else None
+        )
+        out["naive"] = naive
+        out["ratio_vs_naive"] = (
+            round(pps / naive["payments_per_s"], 2) if pps and naive.get("payments_per_s") else None
+        )
+    return out
+
+
+def _pgbench(opts: Options, log_dir: Path, when: str) -> dict:
+    opts.say(f"pgbench ({when}): one transfer per transaction, {opts.pgbench_clients} clients, "
+             f"{opts.pgbench_seconds}s")
+    result = run_pgbench(run_id=opts.run_id, accounts=opts.accounts, clients=opts.pgbench_clients,
+                         seconds=opts.pgbench_seconds, log_dir=log_dir, tag=when)
+    opts.say(f"  pgbench {result['tps']:,.0f} tps")
+    return result
+
+
+# --- backlog: claim latency as the schedule grows ----------------------------------------
+
+
+BACKLOG_DUE_ROWS = 100  # "a few due rows on top of the backlog"
+BACKLOG_FIRST_DUE = 9_000_000_000  # numbering of the due rows, apart from the backlog's
+BACKLOG_REPEATS = 30
+
+
+def claim_latency(*, repeats: int = BACKLOG_REPEATS, batch: int | None = None) -> dict:
+    """Time the real ``claim_due`` and EXPLAIN ANALYZE its statement, each time in a
+    transaction that is rolled back, so every repeat claims the same due rows."""
+    batch = batch or settings.DELAYPAY_CLAIM_BATCH
+    params = {"batch": batch, "reclaim_batch": batch, "lease": 60.0, "actor": "bench"}
+    wall_ms, plan_ms, claimed = [], [], []
+    plan_text = ""
+    for i in range(repeats):
+        with transaction.atomic():
+            started = time.perf_counter()
+            claim = claim_due(batch=batch, lease_seconds=60)
+            wall_ms.append((time.perf_counter() - started) * 1000)
+            claimed.append(len(claim))
+            transaction.set_rollback(True)
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM_SQL, params)
+            plan = cur.fetchone()[0]
+            plan = plan[0] if isinstance(plan, list) else plan
+            plan_ms.append(plan["Execution Time"] + plan.get("Planning Time", 0.0))
+            if i == 0:
+                cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + CLAIM_SQL, params)
+                plan_text = "\n".join(row[0] for row in cur.fetchall())
+            transaction.set_rollback(True)
+    return {
+        "claimed_per_call": max(claimed),
+        "claim_ms_p50": round(percentile(wall_ms, 50), 3),
+        "claim_ms_p95": round(percentile(wall_ms, 95), 3),
+        "explain_ms_p50": round(percentile(plan_ms, 50), 3),
+        "explain_ms_p95": round(percentile(plan_ms, 95), 3),
+        "plan": plan_text,
+    }
+
+
+def run_backlog(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
+    sizes = sorted({min(100_000, opts.n_payments), opts.n_payments})
+    out: dict = {"scenario": "backlog", "payments": opts.n_payments, "accounts": opts.accounts,
+                 "due_rows": BACKLOG_DUE_ROWS, "repeats": BACKLOG_REPEATS, "knobs": knobs(), "levels": {},
+                 "payments_per_s": None, "pgbench_tps": None, "ratio_vs_pgbench": None,
+                 "dispatch_lateness_s": None, "execution_lateness_s": None, "peak_rss_mb": None}
+    with fresh_database(scratch_name(opts.run_id, "backlog"), keep=opts.keep):
+        loader.load_accounts(accounts=opts.accounts)
+        now = db_now()
+        loader.load_payments(payments=BACKLOG_DUE_ROWS, accounts=opts.accounts, first=BACKLOG_FIRST_DUE,
+                             due_at=now - timedelta(seconds=1))
+        loaded = 0
+        for size in sizes:
+            started = time.monotonic()
+            loader.load_payments(payments=size - loaded, accounts=opts.accounts, first=loaded + 1,
+                                 due_at=now + timedelta(days=1), timing="random", window_seconds=30 * 86400)
+            loader.analyze()
+            opts.say(f"  {size:,} future payments pending (loaded in {time.monotonic() - started:.0f}s)")
+            loaded = size
+            level = claim_latency()
+            (log_dir / f"backlog-plan-{size}.txt").write_text(level.pop("plan"))
+            opts.say(f"    claim_due {level['claim_ms_p50']:.2f} ms p50, EXPLAIN ANALYZE "
+                     f"{level['explain_ms_p50']:.2f} ms p50 ({level['claimed_per_call']} rows claimed)")
+            out["levels"][str(size)] = level
+    small, large = out["levels"][str(sizes[0])], out["levels"][str(sizes[-1])]
+    out["claim_ms"] = {"small": small["claim_ms_p50"], "large": large["claim_ms_p50"]}
+    out["claim_latency_ratio"] = round(large["claim_ms_p50"] / small["claim_ms_p50"], 3)
+    out["explain_latency_ratio"] = round(large["explain_ms_p50"] / small["explain_ms_p50"], 3)
+    out["correct"] = all(level["claimed_per_call"] == BACKLOG_DUE_ROWS for level in out["levels"].values())
+    return out
+
+
+# --- memory: worker RSS while N future payments wait --------------------------------------
+
+
+MEMORY_SMALL = 10_000
+SETTLE_SECONDS = 10.0
+
+
+def run_memory(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
+    """Worker RSS with 10K and N future payments: delaypay (in the table) vs naive (ETA
+    tasks held in the worker). The naive side stops growing when ``naive_budget``
+    seconds of enqueueing are spent and reports how far it got."""
+    from .naive import enqueue, wait_received
+
+    large = opts.n_payments
+    out: dict = {"scenario": "memory", "payments": large, "accounts": opts.accounts, "workers": opts.workers,
+                 "concurrency": opts.concurrency, "knobs": knobs(), "delaypay": {}, "naive": {},
+                 "payments_per_s": None, "pgbench_tps": None, "ratio_vs_pgbench": None,
+                 "dispatch_lateness_s": None, "execution_lateness_s": None}
+    with fresh_database(scratch_name(opts.run_id, "memory"), keep=opts.keep):
+        loader.load_accounts(accounts=opts.accounts)
+        future = db_now() + timedelta(days=1)
+        flush_private_redis(redis_url)
+        stack = Stack(log_dir / "memory-delaypay", env=child_env(redis_url))
+        try:
+            stack.start_all(workers=opts.workers, concurrency=opts.concurrency)
+            wait_ready(stack, list(stack.procs))
+            loaded = 0
+            for size in sorted({MEMORY_SMALL, large}):
+                loader.load_payments(payments=size - loaded, accounts=opts.accounts, first=loaded + 1,
+                                     due_at=future, timing="random", window_seconds=30 * 86400)
+                loader.analyze()
+                loaded = size
+                time.sleep(SETTLE_SECONDS)  # several promoter ticks over the grown table
+                snap = snapshot(stack_pids(stack))
+                out["delaypay"][str(size)] = {k: round(v["rss_mb"], 1) for k, v in snap.items()}
+                opts.say(f"  delaypay, {size:,} future payments: " + _rss_line(snap))
+        finally:
+            stack.stop()
+
+        flush_private_redis(redis_url)
+        stack = Stack(log_dir / "memory-naive", env=child_env(redis_url, DELAYPAY_VISIBILITY_TIMEOUT="7200"))
+        try:
+            for i in range(opts.workers):
+                stack.start_worker(f"worker{i + 1}", concurrency=opts.concurrency, extra_args=NAIVE_INCLUDE)
+            wait_ready(stack, list(stack.procs))
+            eta = db_now() + timedelta(hours=1)
+            held, started = 0, time.monotonic()
+            deadline = started + opts.naive_budget
+
+            def enough() -> str | None:
+                """Why the naive side must stop growing now, if it must."""
+                if time.monotonic() > deadline:
+                    return f"the --naive-budget of {opts.naive_budget:.0f}s is spent"
+                worker_mb = snapshot(stack_pids(stack)).get("worker", {}).get("rss_mb", 0.0)
+                if worker_mb > opts.naive_rss_cap_mb:
+                    return f"the worker holds {worker_mb:,.0f} MB (--naive-rss-cap-mb {opts.naive_rss_cap_mb:,.0f})"
+                return None
+
+            for size in sorted({MEMORY_SMALL, min(100_000, large), large}):
+                ids = [loader.payment_id(i) for i in range(held + 1, size + 1)]
+                _, sent = enqueue(ids, etas=[eta] * len(ids), broker_url=redis_url, stop=enough)
+                received = wait_received(redis_url, NAIVE_QUEUE, timeout=max(60.0, deadline - time.monotonic()))
+                held += sent
+                size = held
+                time.sleep(SETTLE_SECONDS / 2)
+                snap = snapshot(stack_pids(stack))
+                out["naive"][str(size)] = {
+                    **{k: round(v["rss_mb"], 1) for k, v in snap.items()},
+                    "all_received": received,
+                    "redis_mb": round(redis.Redis.from_url(redis_url).info("memory")["used_memory"] / 2**20, 1),
+                }
+                opts.say(f"  naive, {size:,} ETA tasks held{'' if received else ' (not all received yet)'}: "
+                         + _rss_line(snap) + f"; {time.monotonic() - started:.0f}s of enqueueing so far")
+                reason = enough()
+                if reason and held < large:
+                    out["naive_stopped_because"] = reason
+                    opts.say(f"  naive: stopped at {held:,} tasks: {reason}")
+                    break
+        finally:
+            stack.stop()
+    out["naive_reached"] = max((int(k) for k in out["naive"]), default=0)
+    for side in ("delaypay", "naive"):
+        levels = out[side]
+        if len(levels) >= 2:
+            lo, hi = levels[min(levels, key=int)], levels[max(levels, key=int)]
+            out[f"{side}_worker_rss_growth"] = round(hi["worker"] / lo["worker"], 2) if lo.get("worker") else None
+    naive_levels = sorted((int(k), v) for k, v in out["naive"].items())
+    if len(naive_levels) >= 2 and out["naive_reached"] < large:
+        # Held tasks cost memory linearly (one Request and one timer entry each): say what
+        # the largest level would take, clearly marked as an extrapolation.
+        (n0, lo), (n1, hi) = naive_levels[0], naive_levels[-1]
+        per_task_kb = (hi["worker"] - lo["worker"]) * 1024 / (n1 - n0)
+        out["naive_kb_per_task"] = round(per_task_kb, 2)
+        out["naive_worker_mb_extrapolated"] = {str(large): round(lo["worker"] + per_task_kb * (large - n0) / 1024, 0)}
+    out["peak_rss_mb"] = {"delaypay_worker": out["delaypay"].get(str(large), {}).get("worker"),
+                          "naive_worker": out["naive"].get(str(out["naive_reached"]), {}).get("worker")}
+    out["correct"] = True  # nothing executes here; there is nothing to check
+    return out
+
+
+def _rss_line(snap: dict) -> str:
+    return ", ".join(f"{kind} {v['rss_mb']:.0f} MB ({v['processes']} proc)" for kind, v in sorted(snap.items()))
+
+
+RUNNERS = {
+    "burst": run_drain,
+    "hot-sender": run_drain,
+    "steady": run_drain,
+    "backlog": run_backlog,
+    "memory": run_memory,
+}

@@ -1,0 +1,151 @@
+"""``manage.py bench SCENARIO``: the due-time burst benchmark (README "Benchmarks")."""
+
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from payments.bench import report
+from payments.bench.naive import use_broker
+from payments.bench.scenarios import RUNNERS, SCENARIOS, BenchError, Options, machine
+from payments.bench.scratch import PrivateRedis
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark delaypay on the real processes against fresh scratch databases: burst, hot-sender, "
+        "steady, backlog, memory, or all of them; with pgbench and naive-Celery baselines in the same run."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+        parser.add_argument("--payments", type=int, help="payments to load (burst/hot-sender 100000; steady "
+                            "rate x duration; backlog: the large backlog, 2000000; memory: the large level, 1000000)")
+        parser.add_argument("--accounts", type=int, default=10_000, help="accounts (default 10000)")
+        parser.add_argument("--workers", type=int, default=1, help="Celery worker processes (Procfile `worker`)")
+        parser.add_argument("--concurrency", type=int, default=4,
+                            help="prefork children per worker (default 4, as the Procfile)")
+        parser.add_argument("--rate", type=float, default=300.0, help="steady: payments due per second (300)")
+        parser.add_argument("--duration", type=float, default=60.0, help="steady: seconds of load (60)")
+        parser.add_argument("--json", type=Path, help="write the figures as JSON to this path")
+        parser.add_argument("--chart", type=Path, help="draw a PNG chart to this path (needs matplotlib)")
+        parser.add_argument("--out", type=Path, default=Path("bench-out"), help="directory for process logs")
+        parser.add_argument("--lead", type=float, help="seconds between the start of loading and the due instant "
+                            "(default: 8 + payments/10000; naive: also + payments/500 for publishing)")
+        parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a drain (900)")
+        parser.add_argument("--pgbench-seconds", type=int, default=15, help="pgbench duration (15)")
+        parser.add_argument("--no-naive", action="store_true", help="skip the naive Celery baseline")
+        parser.add_argument("--naive-payments", type=int, help="payments for the naive drain (default "
+                            "min(payments, 20000); steady: the same load)")
+        parser.add_argument("--naive-budget", type=float, default=300.0,
+                            help="memory: seconds of enqueueing ETA tasks before the naive side stops growing (300)")
+        parser.add_argument("--naive-rss-cap-mb", type=float, default=3000.0,
+                            help="memory: naive worker RSS at which it stops growing (3000 MB; the machine is shared)")
+        parser.add_argument("--profile", action="store_true",
+                            help="py-spy the workers during the drain (needs py-spy); summary in the JSON")
+        parser.add_argument("--keep", action="store_true", help="keep the scratch databases (for inspection)")
+
+    def handle(self, *args, **opts):
+        scenarios = list(SCENARIOS) if opts["scenario"] == "all" else [opts["scenario"]]
+        self._preflight(opts)
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        log_root = opts["out"] / f"{opts['scenario']}-{stamp}"
+        log_root.mkdir(parents=True, exist_ok=True)
+        say = lambda line: self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {line}")  # noqa: E731
+        runs: dict[str, dict] = {}
+        started = time.monotonic()
+        context = machine()
+        with PrivateRedis(log_root) as private_redis:
+            use_broker(private_redis.url)
+            for scenario in scenarios:
+                options = Options(
+                    scenario=scenario,
+                    payments=opts["payments"] if len(scenarios) == 1 else None,
+                    accounts=opts["accounts"],
+                    workers=opts["workers"],
+                    concurrency=opts["concurrency"],
+                    rate=opts["rate"],
+                    duration=opts["duration"],
+                    lead=opts["lead"],
+                    timeout=opts["timeout"],
+                    pgbench_seconds=opts["pgbench_seconds"],
+                    naive=not opts["no_naive"],
+                    naive_payments=opts["naive_payments"],
+                    naive_budget=opts["naive_budget"],
+                    naive_rss_cap_mb=opts["naive_rss_cap_mb"],
+                    profile=opts["profile"],
+                    keep=opts["keep"],
+                    out_dir=log_root,
+                    say=say,
+                )
+                log_dir = log_root / scenario
+                log_dir.mkdir(parents=True, exist_ok=True)
+                try:
+                    run = RUNNERS[scenario](options, redis_url=private_redis.url, log_dir=log_dir)
+                except BenchError as exc:
+                    raise CommandError(f"{scenario}: {exc}") from exc
+                if options.profile and run.get("profile_files"):
+                    run["profile"] = self._profile_summary(run["profile_files"])
+                runs[scenario] = run
+                self.stdout.write(report.summary(run))
+                if opts["chart"]:
+                    self._chart(run, opts["chart"], single=len(scenarios) == 1)
+        targets = report.target_results(runs)
+        self.stdout.write(report.targets_table(targets))
+        if len(scenarios) > 1:
+            self.stdout.write("== for the README ==\n" + report.markdown(runs, targets, " ".join(sys.argv)))
+        self.stdout.write(f"logs in {log_root}; {time.monotonic() - started:.0f}s in all")
+        if opts["json"]:
+            body = runs[scenarios[0]] if len(scenarios) == 1 else {"scenario": "all", "runs": runs}
+            body = {**body, "targets": targets, "machine": context, "machine_after": machine(),
+                    "started_at": stamp}
+            opts["json"].parent.mkdir(parents=True, exist_ok=True)
+            opts["json"].write_text(json.dumps(body, indent=2, default=str) + "\n")
+            self.stdout.write(f"JSON written to {opts['json']}")
+        if not all(run.get("correct") for run in runs.values()):
+            raise CommandError("the correctness check failed (see 'correct' above)")
+
+    def _preflight(self, opts: dict) -> None:
+        """Fail before minutes of loading, not after, when a tool the options need is missing."""
+        try:
+            if opts["chart"]:
+                from payments.bench.chart import pyplot
+
+                pyplot()
+            if opts["profile"]:
+                from payments.bench.profile import py_spy
+
+                py_spy()
+            from payments.bench.rss import psutil_module
+
+            psutil_module()
+        except RuntimeError as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _chart(self, run: dict, path: Path, *, single: bool) -> None:
+        from payments.bench.chart import chart
+
+        target = path if single else path.with_name(f"{path.stem}-{run['scenario']}{path.suffix or '.png'}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        chart(run, target)
+        self.stdout.write(f"chart written to {target}")
+
+    def _profile_summary(self, files: list[str]) -> dict:
+        from payments.bench.profile import parse_collapsed, summarize
+
+        stacks = None
+        for name in files:
+            parsed = parse_collapsed(Path(name).read_text())
+            stacks = parsed if stacks is None else stacks + parsed
+        result = summarize(stacks or {})
+        self.stdout.write(f"== where a worker's time goes ({result['task_samples']} py-spy samples inside "
+                          "execute_batch, wall clock) ==")
+        for label, share in result["lines"][:12]:
+            self.stdout.write(f"  {share:5.1f}%  {label}")
+        self.stdout.write("  -- by function, inclusive --")
+        for label, share in result["inclusive"][:15]:
+            self.stdout.write(f"  {share:5.1f}%  {label}")
+        return result

@@ -1,0 +1,37 @@
+from payments.bench.profile import parse_collapsed, summarize
+from payments.bench.report import target_results
+
+ROOT = 'process 1:"celery";main (celery/bin/celery.py:10)'
+TASK = "execute_batch (payments/tasks.py:5)"
+WAIT = "wait (psycopg/connection.py:9)"
+COLLAPSED = "\n".join([
+    f"{ROOT};{TASK};execute_batch (payments/execution.py:164);{WAIT} 6",
+    f"{ROOT};{TASK};ledger_post_batch (ledger/services.py:79);{WAIT} 3",
+    f"{ROOT};{TASK} 1",
+    f"{ROOT};poll (kombu/asynchronous/hub.py:3) 90",
+])
+
+
+def test_profile_summary_counts_only_samples_inside_the_task_and_names_the_statement_line():
+    result = summarize(parse_collapsed(COLLAPSED))
+    assert (result["samples"], result["task_samples"]) == (100, 10)
+    assert result["lines"][:2] == [
+        ("payments/execution.py:164 execute_batch <- execute_batch", 60.0),
+        ("ledger/services.py:79 ledger_post_batch <- execute_batch", 30.0),
+    ]
+    assert ("wait (psycopg/connection.py)", 90.0) in result["inclusive"]
+    assert result["self"][0] == ("wait (psycopg/connection.py)", 90.0)
+
+
+def test_targets_compare_hot_sender_to_burst_through_each_runs_pgbench_rate():
+    runs = {
+        "burst": {"ratio_vs_pgbench": 1.2},
+        "hot-sender": {"ratio_vs_pgbench": 0.6},
+        "steady": {"dispatch_lateness_s": {"p99": 1.1}, "execution_lateness_s": {"p99": 2.9}},
+    }
+    verdicts = {(t["scenario"], t["what"]): (t["value"], t["met"]) for t in target_results(runs)}
+    assert verdicts[("burst", "payments/s vs pgbench (same run)")] == (1.2, True)
+    assert verdicts[("hot-sender", "payments/s vs burst")] == (0.5, False)
+    assert verdicts[("steady", "dispatch lateness p99")] == (1.1, True)
+    assert verdicts[("steady", "execution lateness p99")] == (2.9, False)
+    assert ("backlog", "claim latency at the large backlog vs 100K") not in verdicts

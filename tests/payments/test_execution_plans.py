@@ -1,0 +1,56 @@
+"""The fence and the CAS must stay O(batch) however many payments are in flight, even
+while the planner's statistics still say none are (a burst outruns autovacuum)."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from payments.bench import loader
+from payments.execution import FINISH_SQL, LOCK_SQL, _fenced
+from payments.promoter import claim_due
+
+pytestmark = pytest.mark.django_db
+
+
+def plan_nodes(sql: str, params: dict) -> list[dict]:
+    with connection.cursor() as cur:
+        cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        plan = cur.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    nodes, stack = [], [plan[0]["Plan"]]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(node.get("Plans", []))
+    return nodes
+
+
+def scans_of_payments(nodes: list[dict]) -> list[tuple[str, str | None]]:
+    return [
+        (n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "payments_scheduledpayment"
+    ]
+
+
+def test_fence_and_cas_look_payments_up_by_primary_key_under_stale_statistics():
+    loader.load_accounts(accounts=50)
+    loader.load_payments(payments=3000, accounts=50, due_at=timezone.now() - timedelta(seconds=1))
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE payments_scheduledpayment")  # statistics: nothing is EXECUTING
+    claims = [claim_due(batch=500, lease_seconds=60) for _ in range(5)]  # now 2,500 are
+    pairs = claims[-1].fresh
+    ids, attempts = [p[0] for p in pairs], [p[1] for p in pairs]
+
+    lock_scans = scans_of_payments(plan_nodes(LOCK_SQL, _fenced(ids, attempts)))
+    finish_scans = scans_of_payments(plan_nodes(FINISH_SQL, _fenced(
+        ids, attempts, statuses=["EXECUTED"] * len(ids), reasons=[""] * len(ids),
+        executed_ats=[timezone.now()] * len(ids),
+    )))
+    # (On a table this small a sequential scan may be the cheapest plan; on a large one
+    # the planner, which knows the table's size, uses the primary key.)
+    for scans in (lock_scans, finish_scans):
+        assert scans, "the plan reads the payments table"
+        for _node_type, index in scans:
+            assert index != "payments_lease_idx", "a scan of every in-flight payment"
