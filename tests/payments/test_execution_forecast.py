@@ -18,7 +18,8 @@ from tests.factories import due_payment, funded_account
 
 def outcome_rows(payment):
     attempts = list(ExecutionAttempt.objects.filter(payment=payment).values_list("attempt", "outcome"))
-    events = list(PaymentEvent.objects.filter(payment=payment).exclude(kind__in=["created", "claimed"]).values_list("kind", flat=True))
+    events = PaymentEvent.objects.filter(payment=payment).exclude(kind__in=["created", "claimed"])
+    events = list(events.values_list("kind", flat=True))
     return attempts, events
 
 
