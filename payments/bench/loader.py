@@ -31,7 +31,8 @@ TIMINGS = {
     "at": "%(due_at)s::timestamptz",
     # Evenly spaced over the window: the steady load (rate = payments / window).
     "even": "%(due_at)s::timestamptz + ((g - %(first)s) * %(step)s) * interval '1 second'",
-    # Uniformly at random over the window: a schedule that is mostly in the future.
+    # Uniformly at random over the window: a schedule that is mostly in the future, or
+    # a burst whose payers opted into jitter (see ``jitter_seconds``).
     "random": "%(due_at)s::timestamptz + (random() * %(window)s) * interval '1 second'",
 }
 
@@ -61,16 +62,18 @@ WITH src AS (
                 ELSE (f + floor(random() * (%(accounts)s - 1))::int) %% %(accounts)s + 1 END AS t,
            CASE WHEN g %% %(every)s = 0 THEN %(too_much)s::bigint
                 ELSE 1 + floor(random() * %(max_amount)s)::bigint END AS amount,
-           {execute_at} AS execute_at
+           {execute_at} AS execute_at,
+           CASE WHEN %(jitter)s > 0 THEN %(due_at)s::timestamptz END AS requested_execute_at
       FROM (SELECT g, CASE WHEN %(hot)s THEN 1 ELSE 1 + floor(random() * %(accounts)s)::int END AS f
               FROM generate_series(%(first)s, %(last)s) AS g) AS s
 ), ins AS (
     INSERT INTO payments_scheduledpayment
-           (id, payer_id, from_account_id, to_account_id, amount, execute_at, status, failure_reason,
-            attempt, version, created_at, updated_at)
+           (id, payer_id, from_account_id, to_account_id, amount, execute_at, requested_execute_at,
+            jitter_seconds, status, failure_reason, attempt, version, created_at, updated_at)
     SELECT 'pay_bench_' || lpad(g::text, 10, '0'), %(payer)s,
            'acc_bench_' || lpad(f::text, 8, '0'), 'acc_bench_' || lpad(t::text, 8, '0'),
-           amount, execute_at, 'SCHEDULED', '', 0, 1, now(), now()
+           amount, execute_at, coalesce(requested_execute_at, execute_at), %(jitter)s,
+           'SCHEDULED', '', 0, 1, now(), now()
       FROM src
  RETURNING id, from_account_id, amount, execute_at
 ), created AS (
@@ -131,6 +134,7 @@ def load_payments(
     timing: str = "at",
     window_seconds: float = 0.0,
     hot_sender: bool = False,
+    jitter_seconds: int = 0,
     first: int = 1,
     seed: float = 0.42,
 ) -> Loaded:
@@ -140,7 +144,12 @@ def load_payments(
     ``timing``: "at" (all due at ``due_at``), "even" (spread evenly over
     ``window_seconds`` from ``due_at``) or "random" (uniformly over the window).
     ``hot_sender``: every payment debits the treasury account (number 1).
+    ``jitter_seconds``: the payers opted into jitter, as POST /payments does: every
+    payment asked for ``due_at`` (``requested_execute_at``) and is due uniformly in
+    [due_at, due_at + jitter]; implies the "random" timing over that window.
     """
+    if jitter_seconds:
+        timing, window_seconds = "random", float(jitter_seconds)
     if timing not in TIMINGS:
         raise ValueError(f"timing must be one of {sorted(TIMINGS)}")
     if payments < 1:
@@ -157,6 +166,7 @@ def load_payments(
         "due_at": due_at,
         "step": window_seconds / payments,
         "window": window_seconds,
+        "jitter": int(jitter_seconds),
         "payer": bench_user().pk,
         "actor": f"user:{bench_user().pk}",
         "issuance": ISSUANCE_ACCOUNT_ID,

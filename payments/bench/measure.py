@@ -4,6 +4,9 @@
 * execution lateness = executed_at - execute_at (the ledger transfer; ``updated_at``
   for a FAILED payment, which has no executed_at)
 * drain time         = last finish - first execute_at
+* delay since requested = finish - requested_execute_at: what a payer who opted into
+  jitter sees (the jitter itself plus the execution lateness); without jitter it is the
+  execution lateness
 
 All of them are PostgreSQL ``now()`` values, i.e. the start of the transaction that
 wrote them: a batch's finish time is when its transaction began, not when it
@@ -21,7 +24,8 @@ TIMINGS_SQL = """
 SELECT extract(epoch FROM execute_at)::float8,
        extract(epoch FROM claimed_at)::float8,
        extract(epoch FROM coalesce(executed_at, updated_at))::float8,
-       status
+       status,
+       extract(epoch FROM coalesce(requested_execute_at, execute_at))::float8
   FROM payments_scheduledpayment
  WHERE status IN ('EXECUTED', 'FAILED') AND execute_at >= %s AND execute_at <= %s
 """
@@ -33,6 +37,7 @@ class Timing:
     claimed: float | None
     finished: float
     status: str
+    requested: float | None = None
 
 
 def fetch_timings(*, due_from, due_to) -> list[Timing]:
@@ -46,12 +51,14 @@ def figures(timings: list[Timing]) -> dict:
     """Drain, throughput, lateness percentiles and per-second series of finished payments."""
     if not timings:
         return {"payments": 0, "drain_s": None, "payments_per_s": None,
-                "dispatch_lateness_s": summarize([]), "execution_lateness_s": summarize([]), "series": {}}
+                "dispatch_lateness_s": summarize([]), "execution_lateness_s": summarize([]),
+                "delay_since_requested_s": summarize([]), "series": {}}
     start = min(t.due for t in timings)
     end = max(t.finished for t in timings)
     drain = end - start
     dispatch = [t.claimed - t.due for t in timings if t.claimed is not None]
     execution = [t.finished - t.due for t in timings]
+    since_requested = [t.finished - (t.requested if t.requested is not None else t.due) for t in timings]
     executed = [t.finished for t in timings if t.status == "EXECUTED"]
     failed = [t.finished for t in timings if t.status == "FAILED"]
     finish_points = [(t.finished, t.finished - t.due) for t in timings]
@@ -75,6 +82,7 @@ def figures(timings: list[Timing]) -> dict:
         "payments_per_s": round(len(timings) / drain, 1) if drain > 0 else None,
         "dispatch_lateness_s": summarize(dispatch),
         "execution_lateness_s": summarize(execution),
+        "delay_since_requested_s": summarize(since_requested),
         "series": {k: [None if v is None else round(v, 3) for v in vs] for k, vs in series.items()},
     }
 

@@ -51,6 +51,7 @@ class Options:
     concurrency: int = 4
     rate: float = 300.0
     duration: float = 60.0
+    jitter: int = 0
     lead: float | None = None
     timeout: float = 900.0
     pgbench_seconds: int = 15
@@ -175,6 +176,8 @@ def load_before(opts: Options, *, due_at, what: str, load: Callable[[], loader.L
 def _timing(opts: Options) -> tuple[str, float]:
     if opts.scenario == "steady":
         return "even", opts.n_payments / opts.rate
+    if opts.jitter:
+        return "random", float(opts.jitter)
     return "at", 0.0
 
 
@@ -199,6 +202,7 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
                 load=lambda: loader.load_payments(
                     payments=n, accounts=opts.accounts, due_at=due_at, timing=timing,
                     window_seconds=window, hot_sender=opts.scenario == "hot-sender",
+                    jitter_seconds=opts.jitter if opts.scenario != "steady" else 0,
                 ),
             )
             last_due = due_at + timedelta(seconds=window)
@@ -279,11 +283,14 @@ def drain_naive(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
                     window_seconds=window, hot_sender=opts.scenario == "hot-sender",
                 ),
             )
-            step = window / n
-            etas = [due_at + timedelta(seconds=step * i) for i in range(n)]
-            enqueue_s, _ = enqueue(
-                [loader.payment_id(i) for i in range(loaded.first, loaded.last + 1)], etas=etas, broker_url=redis_url
-            )
+            # Each ETA is its payment's execute_at, whatever the timing (even, jittered).
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT id, execute_at FROM payments_scheduledpayment WHERE id BETWEEN %s AND %s ORDER BY id",
+                    [loader.payment_id(loaded.first), loader.payment_id(loaded.last)],
+                )
+                rows = cur.fetchall()
+            enqueue_s, _ = enqueue([r[0] for r in rows], etas=[r[1] for r in rows], broker_url=redis_url)
             margin = (due_at - db_now()).total_seconds()
             opts.say(f"  enqueued {n:,} ETA tasks in {enqueue_s:.1f}s; due in {margin:.1f}s")
             if margin < 0.5:
@@ -315,7 +322,8 @@ def drain_naive(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
 
 def run_drain(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
     out: dict = {"scenario": opts.scenario, "payments": opts.n_payments, "accounts": opts.accounts,
-                 "workers": opts.workers, "concurrency": opts.concurrency, "knobs": knobs()}
+                 "workers": opts.workers, "concurrency": opts.concurrency, "jitter_s": opts.jitter,
+                 "knobs": knobs()}
     if opts.scenario == "steady":
         out["rate"] = opts.rate
     pgb_before = _pgbench(opts, log_dir, "before")

@@ -66,6 +66,17 @@ def test_steady_load_spreads_due_times_evenly_over_the_window():
     assert times[50] - times[49] == timedelta(seconds=0.1)
 
 
+def test_jittered_burst_keeps_the_requested_time_and_spreads_due_times_after_it():
+    _, due_at = load(payments=200, jitter_seconds=10, due_at=timezone.now() - timedelta(seconds=20))
+    rows = list(ScheduledPayment.objects.values_list("requested_execute_at", "execute_at", "jitter_seconds"))
+    assert {requested for requested, _, _ in rows} == {due_at}
+    assert {jitter for _, _, jitter in rows} == {10}
+    assert all(due_at <= execute_at <= due_at + timedelta(seconds=10) for _, execute_at, _ in rows)
+    assert len({execute_at for _, execute_at, _ in rows}) > 100  # spread, not one instant
+    run_everything()
+    assert check_run(expected_failed=loader.underfunded_ids(1, 200)).correct
+
+
 def test_a_second_load_continues_the_numbering_and_funds_its_own_payers():
     first, due_at = load(payments=100)
     second = loader.load_payments(payments=100, accounts=ACCOUNTS, due_at=due_at, first=101)

@@ -30,6 +30,9 @@ class Command(BaseCommand):
                             help="prefork children per worker (default 4, as the Procfile)")
         parser.add_argument("--rate", type=float, default=300.0, help="steady: payments due per second (300)")
         parser.add_argument("--duration", type=float, default=60.0, help="steady: seconds of load (60)")
+        parser.add_argument("--jitter", type=int, default=0, metavar="SECONDS",
+                            help="burst/hot-sender: the payers opted into jitter_seconds (0..3600): each payment is "
+                                 "due uniformly in [due, due + jitter], as POST /payments draws it (default 0)")
         parser.add_argument("--json", type=Path, help="write the figures as JSON to this path")
         parser.add_argument("--chart", type=Path, help="draw a PNG chart to this path (needs matplotlib)")
         parser.add_argument("--out", type=Path, default=Path("bench-out"), help="directory for process logs")
@@ -50,6 +53,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         scenarios = list(SCENARIOS) if opts["scenario"] == "all" else [opts["scenario"]]
+        if not 0 <= opts["jitter"] <= 3600:
+            raise CommandError("--jitter must be between 0 and 3600 seconds, like jitter_seconds")
         self._preflight(opts)
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         log_root = opts["out"] / f"{opts['scenario']}-{stamp}"
@@ -69,6 +74,7 @@ class Command(BaseCommand):
                     concurrency=opts["concurrency"],
                     rate=opts["rate"],
                     duration=opts["duration"],
+                    jitter=opts["jitter"],
                     lead=opts["lead"],
                     timeout=opts["timeout"],
                     pgbench_seconds=opts["pgbench_seconds"],
