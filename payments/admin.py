@@ -203,8 +203,10 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
     )
     list_filter = ("status", DueFilter, FailureReasonFilter)
     date_hierarchy = "execute_at"
-    # Newest due first; served backwards by the (execute_at, id) index.
-    ordering = ("-execute_at", "-id")
+    # Newest first by id (a ULID: creation order), served by the primary key. Ordering by
+    # due time would need a plain (execute_at, id) index, which the claim must not have
+    # (payments/models.py); the execute_at column still sorts on a click.
+    ordering = ("-id",)
     search_fields = ("id",)  # shows the box; get_search_results does the matching
     search_help_text = "Exact payment id, account id or account owner's username; several separated by spaces."
     actions = ["cancel_selected"]

@@ -150,8 +150,9 @@ class ScheduledPayment(models.Model):
                 condition=models.Q(status="EXECUTING"),
                 name="payments_lease_idx",
             ),
-            # The admin: newest-due-first ordering, the date hierarchy's min/max, due-date filters.
-            models.Index(fields=["execute_at", "id"], name="payments_execute_at_idx"),
+            # No plain (execute_at, id) index: the claim's "status = 'SCHEDULED' ORDER BY
+            # execute_at, id" would be planned on it under statistics taken before a burst,
+            # walking every executed row of the past (payments/0010; bench "backlog").
             # The admin's failure_reason filter; only FAILED rows, so it stays small.
             models.Index(
                 fields=["failure_reason", "execute_at", "id"],
