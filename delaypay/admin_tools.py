@@ -52,6 +52,24 @@ class LimitedChangeList(ChangeList):
     whole table; with the LIMIT the planner keeps to the indexes.
     """
 
+    def get_filters(self, request):
+        """The date drill-down's range (``<field>__gte``/``__lt``, set by Django from
+        ``<field>__year`` ...) goes through the admin's ``date_hierarchy_condition`` when
+        it has one: a range over every row may need a shape the indexes can serve."""
+        specs, has_filters, params, may_have_duplicates, has_active = super().get_filters(request)
+        self.date_range = {}
+        if self.date_hierarchy and hasattr(self.model_admin, "date_hierarchy_condition"):
+            for key in (f"{self.date_hierarchy}__gte", f"{self.date_hierarchy}__lt"):
+                if key in params:
+                    self.date_range[key] = params.pop(key)[-1]
+        return specs, has_filters, params, may_have_duplicates, has_active
+
+    def get_queryset(self, request, exclude_parameters=None):
+        queryset = super().get_queryset(request, exclude_parameters)
+        if self.date_range:
+            queryset = queryset.filter(self.model_admin.date_hierarchy_condition(**self.date_range))
+        return queryset
+
     def get_results(self, request):
         super().get_results(request)
         if not self.multi_page or (self.show_all and self.can_show_all):

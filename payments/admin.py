@@ -42,6 +42,8 @@ from .recurring import recurring_pause, recurring_resume
 from .selectors import (
     payment_due_next_hour_condition,
     payment_due_today_condition,
+    payment_execute_at_bounds,
+    payment_execute_at_condition,
     payment_overdue_condition,
     payment_search_condition,
     recurring_search_condition,
@@ -207,6 +209,20 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
     # due time would need a plain (execute_at, id) index, which the claim must not have
     # (payments/models.py); the execute_at column still sorts on a click.
     ordering = ("-id",)
+    # The drill-down reads execute_at over every status through two partial indexes.
+    date_hierarchy_condition = staticmethod(payment_execute_at_condition)
+    date_hierarchy_bounds = staticmethod(payment_execute_at_bounds)
+
+    def get_ordering(self, request):
+        """Newest first, except where the operator looks at due times: a due filter lists
+        the oldest due first and a failure reason the latest failures first. Those orders
+        are also what their indexes serve; newest-first by id there would walk the primary
+        key past every row the filter does not hold."""
+        if request.GET.get(DueFilter.parameter_name) in DueFilter.CONDITIONS:
+            return ("execute_at", "id")
+        if request.GET.get(FailureReasonFilter.parameter_name) in FailureReason.values:
+            return ("-execute_at", "-id")
+        return super().get_ordering(request)
     search_fields = ("id",)  # shows the box; get_search_results does the matching
     search_help_text = "Exact payment id, account id or account owner's username; several separated by spaces."
     actions = ["cancel_selected"]

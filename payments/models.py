@@ -153,6 +153,15 @@ class ScheduledPayment(models.Model):
             # No plain (execute_at, id) index: the claim's "status = 'SCHEDULED' ORDER BY
             # execute_at, id" would be planned on it under statistics taken before a burst,
             # walking every executed row of the past (payments/0010; bench "backlog").
+            # The admin's due-time views over every status (date drill-down, "today",
+            # "next hour") read SCHEDULED rows from payments_due_idx, EXECUTING ones from
+            # payments_lease_idx and finished ones from this one, whose predicate neither
+            # of the claim's two scans can match (selectors.payment_execute_at_condition).
+            models.Index(
+                fields=["execute_at"],
+                condition=models.Q(status__in=["CANCELLED", "EXECUTED", "FAILED"]),
+                name="payments_finished_idx",
+            ),
             # The admin's failure_reason filter; only FAILED rows, so it stays small.
             models.Index(
                 fields=["failure_reason", "execute_at", "id"],

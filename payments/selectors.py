@@ -4,14 +4,35 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import Count, DateTimeField, DurationField, ExpressionWrapper, F, Prefetch, Q, QuerySet
+from django.db.models import (
+    Count,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Max,
+    Min,
+    Prefetch,
+    Q,
+    QuerySet,
+)
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
+from django.db.models.lookups import Exact, In
 
 from ledger.models import Account
 
 from .exceptions import PaymentCancelForbidden, PaymentNotFound, RecurringNotFound, StaffActionForbidden
-from .models import ExecutionAttempt, Heartbeat, PaymentStatus, RecurringPayment, ScheduledPayment
+from .models import (
+    TERMINAL_STATUSES,
+    ExecutionAttempt,
+    Heartbeat,
+    PaymentStatus,
+    RecurringPayment,
+    ScheduledPayment,
+)
+
+STATUS_FIELD = ScheduledPayment._meta.get_field("status")
 
 
 def _own(qs: QuerySet, user) -> QuerySet:
@@ -255,17 +276,74 @@ def payment_overdue_condition() -> Q:
     return Q(pk__in=due.union(stuck, all=True))
 
 
+FINISHED = sorted(TERMINAL_STATUSES)  # the predicate of payments_finished_idx, verbatim
+
+
+def _execute_at_arms(queryset: QuerySet) -> list[QuerySet]:
+    """``queryset`` split by status into the three sets with an index on execute_at:
+    SCHEDULED (payments_due_idx), EXECUTING (payments_lease_idx: few rows, read whole)
+    and finished (payments_finished_idx). An arm the queryset's own status filter rules
+    out is left out: PostgreSQL would not see "status = 'X' AND status IN (...)" as
+    empty and would walk that arm's whole index."""
+    statuses = _statuses_allowed(queryset)
+    arms = []
+    for wanted, arm in (
+        ({PaymentStatus.SCHEDULED}, queryset.filter(status=PaymentStatus.SCHEDULED)),
+        ({PaymentStatus.EXECUTING}, queryset.filter(status=PaymentStatus.EXECUTING)),
+        (set(FINISHED), queryset.filter(status__in=FINISHED)),
+    ):
+        if statuses is None or statuses & wanted:
+            arms.append(arm)
+    return arms
+
+
+def payment_execute_at_condition(**lookups) -> Q:
+    """``execute_at`` lookups (``execute_at__gte=...``) over payments of every status.
+
+    Written as ``id IN (arm UNION ALL arm UNION ALL arm)``, one arm per partial index:
+    no index covers execute_at for every row, because the claim must not be planned on
+    one (payments/models.py).
+    """
+    rows = ScheduledPayment.objects.order_by().values("pk")
+    first, *rest = [arm.filter(**lookups) for arm in _execute_at_arms(rows)]
+    return Q(pk__in=first.union(*rest, all=True))
+
+
+def payment_execute_at_bounds(queryset: QuerySet) -> dict:
+    """``{"first": min(execute_at), "last": max(execute_at)}`` of ``queryset``, from the
+    ends of the partial indexes (a lookup or two each, no scan of the table)."""
+    bounds = [
+        arm.order_by().aggregate(first=Min("execute_at"), last=Max("execute_at"))
+        for arm in _execute_at_arms(queryset)
+    ]
+    firsts = [b["first"] for b in bounds if b["first"] is not None]
+    lasts = [b["last"] for b in bounds if b["last"] is not None]
+    return {"first": min(firsts, default=None), "last": max(lasts, default=None)}
+
+
+def _statuses_allowed(queryset: QuerySet) -> set[str] | None:
+    """The statuses a top-level ``status`` (exact or in) filter of ``queryset`` allows;
+    None when it has none."""
+    where = queryset.query.where
+    if where.connector != "AND" or where.negated:
+        return None
+    for child in where.children:
+        if isinstance(child, Exact | In) and getattr(child.lhs, "target", None) is STATUS_FIELD:
+            return {child.rhs} if isinstance(child, Exact) else set(child.rhs)
+    return None
+
+
 def payment_due_today_condition() -> Q:
     """Due on the current UTC calendar day, whatever the status."""
     start = RawSQL("date_trunc('day', now())", [], output_field=DateTimeField())
     end = RawSQL("date_trunc('day', now()) + interval '1 day'", [], output_field=DateTimeField())
-    return Q(execute_at__gte=start, execute_at__lt=end)
+    return payment_execute_at_condition(execute_at__gte=start, execute_at__lt=end)
 
 
 def payment_due_next_hour_condition() -> Q:
     """Due within the coming hour (not yet due), whatever the status."""
     end = RawSQL("now() + interval '1 hour'", [], output_field=DateTimeField())
-    return Q(execute_at__gt=Now(), execute_at__lte=end)
+    return payment_execute_at_condition(execute_at__gt=Now(), execute_at__lte=end)
 
 
 def payment_search_condition(*, terms: list[str]) -> Q:

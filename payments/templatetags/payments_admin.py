@@ -3,8 +3,10 @@
 Django's ``date_hierarchy`` lists the years (months, days) that hold rows with a
 ``SELECT DISTINCT date_trunc(...)`` over every matching row: a full scan of the table
 on each changelist view. This one lists every year (month, day) between the first and
-the last matching row instead, from ``min()`` and ``max()``, which the execute_at index
-answers without a scan. A listed month may hold no rows; its page is then empty.
+the last matching row instead, from ``min()`` and ``max()`` (read once per page, by the
+admin's ``date_hierarchy_bounds`` when it has one: payments answer it from the ends of
+two partial indexes, selectors.payment_execute_at_bounds). A listed month may hold no
+rows; its page is then empty.
 """
 
 from datetime import UTC, datetime, timedelta
@@ -13,13 +15,19 @@ from django import template
 from django.contrib.admin.templatetags.admin_list import date_hierarchy
 from django.contrib.admin.templatetags.base import InclusionAdminNode
 from django.db.models import Max, Min
+from django.utils.functional import cached_property
 
 register = template.Library()
 
 
-def datetime_span(queryset, field_name: str, kind: str) -> list[datetime]:
+def aggregate_bounds(queryset, field_name: str) -> dict:
+    return queryset.aggregate(first=Min(field_name), last=Max(field_name))
+
+
+def datetime_span(queryset, field_name: str, kind: str, *, bounds: dict | None = None) -> list[datetime]:
     """Every ``kind`` (year, month, day) from the first to the last value of the field, in UTC."""
-    bounds = queryset.aggregate(first=Min(field_name), last=Max(field_name))
+    if bounds is None:
+        bounds = aggregate_bounds(queryset, field_name)
     first, last = bounds["first"], bounds["last"]
     if first is None or last is None:
         return []
@@ -34,14 +42,23 @@ def datetime_span(queryset, field_name: str, kind: str) -> list[datetime]:
 
 
 class _SpanQuerySet:
-    def __init__(self, queryset):
+    """What Django's date_hierarchy asks of the queryset: the field's first and last
+    value (``aggregate``) and the units between them (``datetimes``), from one read."""
+
+    def __init__(self, queryset, field_name: str, bounds):
         self._queryset = queryset
+        self._field_name = field_name
+        self._bounds = bounds
+
+    @cached_property
+    def bounds(self) -> dict:
+        return self._bounds(self._queryset)
 
     def aggregate(self, **kwargs):
-        return self._queryset.aggregate(**kwargs)
+        return dict(self.bounds)  # Django asks for exactly first=Min(field), last=Max(field)
 
     def datetimes(self, field_name, kind):
-        return datetime_span(self._queryset, field_name, kind)
+        return datetime_span(self._queryset, field_name, kind, bounds=self.bounds)
 
 
 class _SpanChangeList:
@@ -49,7 +66,11 @@ class _SpanChangeList:
 
     def __init__(self, changelist):
         self._changelist = changelist
-        self.queryset = _SpanQuerySet(changelist.queryset)
+        field_name = changelist.date_hierarchy
+        bounds = getattr(changelist.model_admin, "date_hierarchy_bounds", None)
+        if bounds is None:
+            bounds = lambda queryset: aggregate_bounds(queryset, field_name)  # noqa: E731
+        self.queryset = _SpanQuerySet(changelist.queryset, field_name, bounds)
 
     def __getattr__(self, name):
         return getattr(self._changelist, name)

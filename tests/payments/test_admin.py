@@ -9,6 +9,7 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.db import connection
+from django.db.models import Max, Min
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
@@ -18,6 +19,7 @@ from ledger.models import Transfer
 from payments.execution import execute_batch
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due
+from payments.selectors import payment_execute_at_bounds
 from payments.services import payment_cancel
 from payments.templatetags.payments_admin import datetime_span
 from tests.conftest import admin_client_for
@@ -152,6 +154,52 @@ def test_date_hierarchy_drills_into_year_and_month(superuser, zoo):
     response = client.get(f"{CHANGELIST}?execute_at__year={year}&execute_at__month={month}")
     assert zoo["executed"].pk in listed_ids(response)
     assert f"execute_at__day={zoo['executed'].execute_at.day}" in response.content.decode()
+
+
+def test_due_filters_list_the_oldest_due_first_and_failures_the_latest_first(superuser, zoo):
+    client = admin_client_for(superuser)
+    for query, key in (("due=overdue", lambda p: (p.execute_at, p.id)), ("failure_reason=insufficient_funds", None)):
+        rows = list(client.get(f"{CHANGELIST}?{query}").context["cl"].result_list)
+        assert rows
+        if key is not None:
+            assert rows == sorted(rows, key=key)
+    a, b = zoo["executed"].from_account, zoo["executed"].to_account
+    later = due_payment(source=funded_account(balance=0), target=b, amount=5, seconds_ago=60)
+    run_due(later)
+    assert a is not None and later.status == PaymentStatus.FAILED
+    rows = list(client.get(f"{CHANGELIST}?failure_reason=insufficient_funds").context["cl"].result_list)
+    assert [p.pk for p in rows] == [later.pk, zoo["failed"].pk]
+
+
+def test_date_hierarchy_day_lists_payments_of_every_status(superuser, zoo):
+    # The drill-down's range goes through payment_execute_at_condition: one arm per
+    # partial index. Every status must still be in it.
+    day = zoo["executed"].execute_at
+    response = admin_client_for(superuser).get(
+        f"{CHANGELIST}?execute_at__year={day.year}&execute_at__month={day.month}&execute_at__day={day.day}"
+    )
+    assert response.status_code == 200
+    expected = {p.pk for p in ScheduledPayment.objects.filter(execute_at__date=day.date())}
+    assert {"EXECUTED", "FAILED", "EXECUTING", "SCHEDULED"} <= set(
+        ScheduledPayment.objects.filter(pk__in=expected).values_list("status", flat=True)
+    )
+    assert listed_ids(response) == expected
+
+
+@pytest.mark.parametrize(
+    "narrow",
+    [
+        lambda qs: qs,
+        lambda qs: qs.filter(status=PaymentStatus.SCHEDULED),
+        lambda qs: qs.filter(status=PaymentStatus.EXECUTED),
+        lambda qs: qs.filter(status__in=[PaymentStatus.FAILED, PaymentStatus.SCHEDULED]),
+        lambda qs: qs.filter(amount__gte=8),
+        lambda qs: qs.filter(status=PaymentStatus.CANCELLED, amount=0),
+    ],
+)
+def test_date_hierarchy_bounds_equal_min_and_max_over_the_queryset(zoo, narrow):
+    queryset = narrow(ScheduledPayment.objects.all())
+    assert payment_execute_at_bounds(queryset) == queryset.aggregate(first=Min("execute_at"), last=Max("execute_at"))
 
 
 def test_date_hierarchy_span_lists_every_unit_between_first_and_last(accounts):

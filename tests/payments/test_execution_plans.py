@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from payments.bench import loader
 from payments.execution import FINISH_SQL, LOCK_SQL, _fenced
-from payments.promoter import claim_due
+from payments.promoter import CLAIM_SQL, claim_due
 
 pytestmark = pytest.mark.django_db
 
@@ -76,3 +76,19 @@ def test_no_plain_index_leads_with_execute_at():
             """
         )
         assert cur.fetchall() == []
+
+
+def test_the_claim_reads_only_its_partial_indexes_under_stale_statistics():
+    # payments_finished_idx (execute_at of every finished row, for the admin) must never
+    # serve the claim: its predicate contradicts both of the claim's scans. (One on
+    # "status <> 'SCHEDULED'" served the expired-lease scan, which under these
+    # statistics believes it empty, and would walk every executed row of the past.)
+    loader.load_accounts(accounts=50)
+    loader.load_payments(payments=3000, accounts=50, due_at=timezone.now() - timedelta(seconds=1))
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE payments_scheduledpayment")  # statistics: every row SCHEDULED
+    claim_due(batch=2500, lease_seconds=60)
+    scans = scans_of_payments(plan_nodes(CLAIM_SQL, {"batch": 500, "reclaim_batch": 500, "lease": 60.0, "actor": "t"}))
+    indexes = {index for _node, index in scans if index}
+    assert "payments_due_idx" in indexes
+    assert indexes <= {"payments_due_idx", "payments_lease_idx", "payments_scheduledpayment_pkey"}
