@@ -19,7 +19,7 @@ from pathlib import Path
 
 import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from delaypay.processes import Stack
 from payments.promoter import CLAIM_SQL, claim_due
@@ -424,6 +424,14 @@ def run_backlog(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
             loader.load_payments(payments=size - loaded, accounts=opts.accounts, first=loaded + 1,
                                  due_at=now + timedelta(days=1), timing="random", window_seconds=30 * 86400)
             loader.analyze()
+            # The load wrote gigabytes of WAL: without this, the checkpoint it triggered
+            # may still be flushing (spread over minutes) while the claim is timed at one
+            # size and not at the other.
+            try:
+                with connection.cursor() as cur:
+                    cur.execute("CHECKPOINT")  # superuser or pg_checkpoint
+            except DatabaseError as exc:
+                opts.say(f"  (no CHECKPOINT before timing: {exc})")
             opts.say(f"  {size:,} future payments pending (loaded in {time.monotonic() - started:.0f}s)")
             loaded = size
             level = claim_latency()
