@@ -205,8 +205,8 @@ def build_workload(options: Options, *, lead_seconds: float) -> Workload:
     # Most accounts hold what they will send; the underfunded hold a third of it and
     # receive nothing, so some of their payments fail with insufficient_funds (which
     # ones depends on due order).
-    poor = rng.sample(ids, int(len(ids) * options.underfunded))
-    payees = sorted(set(ids) - set(poor))
+    poor = set(rng.sample(ids, int(len(ids) * options.underfunded)))
+    payees = sorted(set(ids) - poor)
     bursts = burst_offsets(options.window)
     offsets = sorted(
         rng.choice(bursts) if rng.random() < BURST_SHARE else rng.uniform(0, options.window)
@@ -220,7 +220,7 @@ def build_workload(options: Options, *, lead_seconds: float) -> Workload:
         amount = rng.randint(1, 100)
         planned.append((offset, source, target, amount))
         outflow[source] += amount
-    deposits = {a: outflow[a] // 3 if a in set(poor) else outflow[a] for a in ids}
+    deposits = {a: outflow[a] // 3 if a in poor else outflow[a] for a in ids}
     with transaction.atomic():
         ledger_post_batch(
             postings=[Posting(new_id("dep"), "acc_issuance", a, amount) for a, amount in deposits.items() if amount]
@@ -578,9 +578,10 @@ def use_private_database(pg: PrivatePostgres) -> None:
     connections.settings["default"].update(pg.settings_overrides())
 
 
-def stack_env(options: Options, redis: PrivateRedis, database_url: str) -> dict[str, str]:
+def stack_env(options: Options, redis: PrivateRedis) -> dict[str, str]:
+    """The processes' environment; DATABASE_URL is the private cluster's (Stack takes it
+    from this process's connection, repointed by use_private_database)."""
     return {
-        "DATABASE_URL": database_url,
         "REDIS_URL": redis.url,
         "DELAYPAY_LEASE_SECONDS": str(options.lease_seconds),
         "DELAYPAY_CLAIM_BATCH": str(options.batch),
@@ -589,14 +590,6 @@ def stack_env(options: Options, redis: PrivateRedis, database_url: str) -> dict[
         "DELAYPAY_LOG_LEVEL": "INFO",
     }
 
-
-def wait_for_workers(stack: Stack, names: list[str], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    for name in names:
-        while "ready." not in stack.log(name):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not become ready; see {stack.log_dir / (name + '.log')}")
-            time.sleep(0.2)
 
 
 def unfinished() -> int:
@@ -743,19 +736,14 @@ def run(options: Options, *, say) -> Outcome:
         use_private_database(pg)
         call_command("migrate", interactive=False, verbosity=0)
 
-        from delaypay.processes import database_url
-
-        stack = Stack(log_dir, env=stack_env(options, redis, database_url()))
+        stack = Stack(log_dir, env=stack_env(options, redis))
         workers = [f"worker{i + 1}" for i in range(options.workers)]
-        for name in workers:
-            stack.start_worker(name, concurrency=options.concurrency)
-        stack.start_promoter()
-        stack.start_beat()
+        stack.start_all(workers=options.workers, concurrency=options.concurrency)
         figures = Figures()
         injector = Injector(stack=stack, pg=pg, redis=redis, options=options, figures=figures, workers=workers)
 
         # Booting Celery is CPU-heavy: let it finish before timing the workload.
-        wait_for_workers(stack, [*workers, "promoter"])
+        stack.wait_ready([*workers, "promoter"], timeout=120)
         lead = 3.0 + options.payments / 2000  # time to write the payments before the first is due
         workload = build_workload(options, lead_seconds=lead)
         say(f"chaos: {len(workload.payments)} payments over {len(workload.deposits)} accounts due in "

@@ -104,6 +104,22 @@ class Stack:
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def wait_ready(self, names: list[str], *, timeout: float = 90.0) -> None:
+        """Wait until each Celery process has logged that it is ready (beat: that it
+        started); RuntimeError at once if one exits, or after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        pending = list(names)
+        while pending:
+            for name in list(pending):
+                log = self.log(name)
+                if (" ready." in log) or (name.startswith("beat") and "beat: Starting" in log):
+                    pending.remove(name)
+                elif self.procs[name].poll() is not None:
+                    raise RuntimeError(f"{name} exited during start-up:\n{log[-3000:]}")
+            if pending and time.monotonic() > deadline:
+                raise RuntimeError(f"{pending} not ready after {timeout}s; logs in {self.log_dir}")
+            time.sleep(0.2)
+
     def stop(self, timeout: float = 15.0) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:

@@ -152,11 +152,6 @@ class PrivatePostgres:
         next start replays the WAL, exactly as after a crash."""
         self._ctl("stop", "-m", "immediate")
 
-    def stop(self) -> None:
-        if self.exists():
-            _run("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.name, "stop", "-m", "fast",
-                 check=False)
-
     def drop(self) -> None:
         _run("pg_dropcluster", "--stop", self.version, self.name, check=False)
         self.created = False
@@ -215,3 +210,10 @@ class PrivateRedis:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def __enter__(self) -> "PrivateRedis":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

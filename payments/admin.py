@@ -209,7 +209,7 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
     # due time would need a plain (execute_at, id) index, which the claim must not have
     # (payments/models.py); the execute_at column still sorts on a click.
     ordering = ("-id",)
-    # The drill-down reads execute_at over every status through two partial indexes.
+    # The drill-down reads execute_at over every status through three partial indexes.
     date_hierarchy_condition = staticmethod(payment_execute_at_condition)
     date_hierarchy_bounds = staticmethod(payment_execute_at_bounds)
 

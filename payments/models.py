@@ -159,7 +159,7 @@ class ScheduledPayment(models.Model):
             # of the claim's two scans can match (selectors.payment_execute_at_condition).
             models.Index(
                 fields=["execute_at"],
-                condition=models.Q(status__in=["CANCELLED", "EXECUTED", "FAILED"]),
+                condition=models.Q(status__in=sorted(TERMINAL_STATUSES)),
                 name="payments_finished_idx",
             ),
             # The admin's failure_reason filter; only FAILED rows, so it stays small.

@@ -103,19 +103,16 @@ class TickResult:
     reclaimed_pairs: list[Pair] = field(default_factory=list)
 
 
+def claim_params(*, batch: int, lease_seconds: float, actor: str = "promoter") -> dict:
+    """CLAIM_SQL's parameters."""
+    return {"batch": batch, "reclaim_batch": batch, "lease": float(lease_seconds), "actor": actor}
+
+
 def claim_due(*, batch: int, lease_seconds: float, actor: str = "promoter") -> Claim:
     """Claim up to ``batch`` due rows and up to ``batch`` expired leases. Commits."""
     claim = Claim()
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(
-            CLAIM_SQL,
-            {
-                "batch": batch,
-                "reclaim_batch": batch,
-                "lease": float(lease_seconds),
-                "actor": actor,
-            },
-        )
+        cur.execute(CLAIM_SQL, claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor))
         for payment_id, attempt, previous, lateness in cur.fetchall():
             if previous == "SCHEDULED":
                 claim.fresh.append((payment_id, attempt))

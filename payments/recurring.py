@@ -133,12 +133,15 @@ def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPaymen
     return payment
 
 
+def _pending(rec_id: str):
+    """The occurrences still SCHEDULED."""
+    return ScheduledPayment.objects.filter(recurring_id=rec_id, status=PaymentStatus.SCHEDULED)
+
+
 def _cancel_pending(rec_id: str, actor) -> list[str]:
     """Cancel the occurrences still SCHEDULED; one already claimed runs as usual."""
     cancelled = []
-    for payment_id in ScheduledPayment.objects.filter(recurring_id=rec_id, status=PaymentStatus.SCHEDULED).values_list(
-        "id", flat=True
-    ):
+    for payment_id in _pending(rec_id).values_list("id", flat=True):
         try:
             payment_cancel(payment_id=payment_id, actor=actor)
             cancelled.append(payment_id)
@@ -297,8 +300,7 @@ def recurring_end(*, recurring_id: str, actor, expected_version: int | None = No
     """End the schedule for good and cancel its pending occurrence. Idempotent."""
     with transaction.atomic():
         rec = _locked(recurring_id)
-        pending = ScheduledPayment.objects.filter(recurring_id=rec.id, status=PaymentStatus.SCHEDULED).exists()
-        if rec.status == RecurringStatus.ENDED and not pending:
+        if rec.status == RecurringStatus.ENDED and not _pending(rec.id).exists():
             return rec
         _check_version(rec, expected_version)
         cancelled = _cancel_pending(rec.id, actor)

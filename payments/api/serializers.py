@@ -10,7 +10,7 @@ from payments.models import ExecutionAttempt, PaymentStatus, RecurringPayment, R
 from payments.recurrence import MAX_COUNT
 from payments.services import MAX_JITTER_SECONDS
 
-from .fields import StrictCharField, StrictDateTimeField, StrictDurationField, StrictIntegerField
+from .fields import StrictCharField, StrictDateTimeField, StrictDurationField, StrictIntegerField, format_utc
 from .pagination import MAX_CURSOR_LENGTH, MAX_LIMIT
 from .schema import page_of
 
@@ -214,7 +214,7 @@ class PaymentSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(StrictDateTimeField(help_text="The execute_at you asked for."))
     def get_requested_execute_at(self, obj) -> str:
-        return StrictDateTimeField().to_representation(obj.requested_execute_at or obj.execute_at)
+        return format_utc(obj.requested_execute_at or obj.execute_at)
 
 
 # --- recurring payments -----------------------------------------------------------------
@@ -291,8 +291,7 @@ class OccurrenceSerializer(serializers.ModelSerializer):
         fields = ["payment_id", "occurrence_at", "execute_at", "amount", "status", "failure_reason"]
         read_only_fields = fields
 
-    def get_failure_reason(self, obj) -> str | None:
-        return obj.failure_reason or None
+    get_failure_reason = PaymentSerializer.get_failure_reason
 
 
 class RecurringPaymentSerializer(serializers.ModelSerializer):
@@ -352,7 +351,7 @@ class RecurringPaymentSerializer(serializers.ModelSerializer):
     def get_next_occurrence_at(self, obj) -> str | None:
         if obj.status != RecurringStatus.ACTIVE:
             return None
-        return StrictDateTimeField().to_representation(obj.next_occurrence_at)
+        return format_utc(obj.next_occurrence_at)
 
 
 class RecurringPaymentDetailSerializer(RecurringPaymentSerializer):

@@ -5,6 +5,8 @@ matplotlib is a development dependency, imported here only (Agg backend, no disp
 
 from pathlib import Path
 
+from .report import _num as _fmt
+
 GREEN, RED, GREY, BLUE, ORANGE, PURPLE = "#2e9d5b", "#d1495b", "#8d99ae", "#2b6cb0", "#e07a1f", "#6b46c1"
 
 
@@ -30,10 +32,6 @@ def _save(plt, fig, path: Path, rect=(0, 0, 1, 1)) -> Path:
     return Path(path)
 
 
-def _fmt(value, spec: str = ",.0f", none: str = "-") -> str:
-    return none if value is None else format(value, spec)
-
-
 def _series(run: dict, key: str) -> list:
     return (run.get("series") or {}).get(key) or []
 
@@ -51,10 +49,10 @@ def drain_chart(run: dict, path: Path) -> Path:
     seconds = list(range(len(executed)))
     top.bar(seconds, executed, width=0.9, color=GREEN, label="executed / s", align="edge")
     top.bar(seconds, failed, width=0.9, bottom=executed, color=RED, label="failed (underfunded) / s", align="edge")
-    if run.get("scenario") == "steady":
+    steady = run.get("scenario") == "steady"
+    if steady:
         due = _series(run, "due_per_s")
         top.step(range(len(due)), due, where="post", color=GREY, lw=1.5, label="due / s")
-    steady = run.get("scenario") == "steady"
     if run.get("pgbench_tps") and not steady:  # at 300/s the line would only flatten the bars
         top.axhline(run["pgbench_tps"], color=PURPLE, ls="--", lw=1.5,
                     label=f"pgbench, 1 transfer/tx: {run['pgbench_tps']:,.0f} tps")

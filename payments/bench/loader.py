@@ -155,6 +155,7 @@ def load_payments(
     if payments < 1:
         raise ValueError("payments must be positive")
     last = first + payments - 1
+    payer = bench_user()
     params = {
         "hot": hot_sender,
         "accounts": accounts,
@@ -167,8 +168,8 @@ def load_payments(
         "step": window_seconds / payments,
         "window": window_seconds,
         "jitter": int(jitter_seconds),
-        "payer": bench_user().pk,
-        "actor": f"user:{bench_user().pk}",
+        "payer": payer.pk,
+        "actor": f"user:{payer.pk}",
         "issuance": ISSUANCE_ACCOUNT_ID,
     }
     with transaction.atomic(), connection.cursor() as cur:

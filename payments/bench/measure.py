@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from django.db import connection
 
+from payments.services import db_now
+
 from .stats import bucketed_percentiles, per_second, summarize
 
 TIMINGS_SQL = """
@@ -97,12 +99,6 @@ def count_unfinished(*, due_to) -> int:
             "     + (SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTING')",
             [due_to],
         )
-        return cur.fetchone()[0]
-
-
-def db_now():
-    with connection.cursor() as cur:
-        cur.execute("SELECT now()")
         return cur.fetchone()[0]
 
 

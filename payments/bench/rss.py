@@ -52,11 +52,11 @@ def vm_hwm_bytes(pid: int) -> int:
 
 
 def snapshot(pids: Mapping[str, int]) -> dict[str, dict]:
-    """Current RSS per process type: ``{type: {"rss_mb", "processes", "max_process_mb"}}``."""
+    """Current RSS per process type: ``{type: {"rss_mb", "processes"}}``."""
     psutil = psutil_module()
     out: dict[str, dict] = {}
     for name, pid in pids.items():
-        entry = out.setdefault(process_type(name), {"rss_mb": 0.0, "processes": 0, "max_process_mb": 0.0})
+        entry = out.setdefault(process_type(name), {"rss_mb": 0.0, "processes": 0})
         for proc in tree(pid):
             try:
                 rss = proc.memory_info().rss / MB
@@ -64,7 +64,6 @@ def snapshot(pids: Mapping[str, int]) -> dict[str, dict]:
                 continue
             entry["rss_mb"] += rss
             entry["processes"] += 1
-            entry["max_process_mb"] = max(entry["max_process_mb"], rss)
     return out
 
 
@@ -80,18 +79,22 @@ class RssSampler:
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
     def sample(self) -> None:
+        """One walk of every tree: each type's total RSS now, and each process's peak."""
         psutil = psutil_module()
-        pids = dict(self.pids())
-        for kind, entry in snapshot(pids).items():
-            self.peak_total[kind] = max(self.peak_total.get(kind, 0.0), entry["rss_mb"])
-        for name, pid in pids.items():
+        totals: dict[str, float] = {}
+        for name, pid in self.pids().items():
             kind = process_type(name)
+            totals.setdefault(kind, 0.0)
             for proc in tree(pid):
                 try:
-                    peak = max(vm_hwm_bytes(proc.pid), proc.memory_info().rss) / MB
+                    rss = proc.memory_info().rss
                 except psutil.NoSuchProcess:
                     continue
+                totals[kind] += rss / MB
+                peak = max(vm_hwm_bytes(proc.pid), rss) / MB
                 self.peak_process[kind] = max(self.peak_process.get(kind, 0.0), peak)
+        for kind, total in totals.items():
+            self.peak_total[kind] = max(self.peak_total.get(kind, 0.0), total)
 
     def _run(self) -> None:
         while not self._stop.is_set():

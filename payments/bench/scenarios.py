@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from delaypay.processes import Stack
-from payments.promoter import CLAIM_SQL, claim_due
+from payments.promoter import CLAIM_SQL, claim_due, claim_params
 
 from . import loader
 from .check import check_run
@@ -62,7 +62,6 @@ class Options:
     naive_rss_cap_mb: float = 3000.0
     profile: bool = False
     keep: bool = False
-    out_dir: Path = Path("bench-out")
     run_id: str = field(default_factory=lambda: f"{os.getpid()}")
     say: Callable[[str], None] = print
 
@@ -123,20 +122,11 @@ def flush_private_redis(url: str) -> None:
     client.flushdb()
 
 
-def wait_ready(stack: Stack, names: list[str], *, timeout: float = 90.0) -> None:
-    """Wait until each Celery process has logged that it is ready (beat: that it started)."""
-    deadline = time.monotonic() + timeout
-    pending = list(names)
-    while pending:
-        for name in list(pending):
-            log = stack.log(name)
-            if (" ready." in log) or (name.startswith("beat") and "beat: Starting" in log):
-                pending.remove(name)
-            elif stack.procs[name].poll() is not None:
-                raise BenchError(f"{name} exited during start-up:\n{log[-3000:]}")
-        if pending and time.monotonic() > deadline:
-            raise BenchError(f"{pending} not ready after {timeout}s")
-        time.sleep(0.2)
+def wait_ready(stack: Stack, names: list[str]) -> None:
+    try:
+        stack.wait_ready(names)
+    except RuntimeError as exc:
+        raise BenchError(str(exc)) from exc
 
 
 def stack_pids(stack: Stack) -> dict[str, int]:
@@ -378,7 +368,7 @@ def claim_latency(*, repeats: int = BACKLOG_REPEATS, batch: int | None = None) -
     """Time the real ``claim_due`` and EXPLAIN ANALYZE its statement, each time in a
     transaction that is rolled back, so every repeat claims the same due rows."""
     batch = batch or settings.DELAYPAY_CLAIM_BATCH
-    params = {"batch": batch, "reclaim_batch": batch, "lease": 60.0, "actor": "bench"}
+    params = claim_params(batch=batch, lease_seconds=60, actor="bench")
     wall_ms, plan_ms, claimed = [], [], []
     plan_text = ""
     for i in range(repeats):

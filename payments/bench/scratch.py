@@ -7,15 +7,9 @@ spare loopback port, so a run never touches another database or Redis number.
 
 import os
 import re
-import shutil
-import socket
-import subprocess
-import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import psycopg
-import redis
 from django.core.management import call_command
 from django.db import connection, connections
 from psycopg import sql
@@ -81,68 +75,6 @@ def fresh_database(name: str, *, keep: bool = False):
         switch_database(original)
         if not keep:
             drop_database(name)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class PrivateRedis:
-    """A throw-away ``redis-server`` on a spare loopback port (no persistence)."""
-
-    def __init__(self, log_dir: Path):
-        self.log_dir = Path(log_dir)
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-        self._log = None
-
-    def start(self) -> "PrivateRedis":
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed (apt-get install redis-server)")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_dir / "redis.log", "ab")
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--daemonize", "no"],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                client.ping()
-                return self
-            except redis.ConnectionError as exc:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"private redis-server did not start (see {self.log_dir / 'redis.log'})"
-                    ) from exc
-                time.sleep(0.05)
-
-    def used_memory_mb(self) -> float:
-        return redis.Redis.from_url(self.url).info("memory")["used_memory"] / 2**20
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def __enter__(self) -> "PrivateRedis":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def pg_env() -> dict[str, str]:

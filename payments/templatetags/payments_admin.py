@@ -5,11 +5,12 @@ Django's ``date_hierarchy`` lists the years (months, days) that hold rows with a
 on each changelist view. This one lists every year (month, day) between the first and
 the last matching row instead, from ``min()`` and ``max()`` (read once per page, by the
 admin's ``date_hierarchy_bounds`` when it has one: payments answer it from the ends of
-two partial indexes, selectors.payment_execute_at_bounds). A listed month may hold no
+three partial indexes, selectors.payment_execute_at_bounds). A listed month may hold no
 rows; its page is then empty.
 """
 
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from django import template
 from django.contrib.admin.templatetags.admin_list import date_hierarchy
@@ -45,9 +46,8 @@ class _SpanQuerySet:
     """What Django's date_hierarchy asks of the queryset: the field's first and last
     value (``aggregate``) and the units between them (``datetimes``), from one read."""
 
-    def __init__(self, queryset, field_name: str, bounds):
+    def __init__(self, queryset, bounds):
         self._queryset = queryset
-        self._field_name = field_name
         self._bounds = bounds
 
     @cached_property
@@ -66,11 +66,10 @@ class _SpanChangeList:
 
     def __init__(self, changelist):
         self._changelist = changelist
-        field_name = changelist.date_hierarchy
         bounds = getattr(changelist.model_admin, "date_hierarchy_bounds", None)
         if bounds is None:
-            bounds = lambda queryset: aggregate_bounds(queryset, field_name)  # noqa: E731
-        self.queryset = _SpanQuerySet(changelist.queryset, field_name, bounds)
+            bounds = partial(aggregate_bounds, field_name=changelist.date_hierarchy)
+        self.queryset = _SpanQuerySet(changelist.queryset, bounds)
 
     def __getattr__(self, name):
         return getattr(self._changelist, name)

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from payments.bench import loader
 from payments.execution import FINISH_SQL, LOCK_SQL, _fenced
-from payments.promoter import CLAIM_SQL, claim_due
+from payments.promoter import CLAIM_SQL, claim_due, claim_params
 
 pytestmark = pytest.mark.django_db
 
@@ -88,7 +88,7 @@ def test_the_claim_reads_only_its_partial_indexes_under_stale_statistics():
     with connection.cursor() as cur:
         cur.execute("ANALYZE payments_scheduledpayment")  # statistics: every row SCHEDULED
     claim_due(batch=2500, lease_seconds=60)
-    scans = scans_of_payments(plan_nodes(CLAIM_SQL, {"batch": 500, "reclaim_batch": 500, "lease": 60.0, "actor": "t"}))
+    scans = scans_of_payments(plan_nodes(CLAIM_SQL, claim_params(batch=500, lease_seconds=60, actor="t")))
     indexes = {index for _node, index in scans if index}
     assert "payments_due_idx" in indexes
     assert indexes <= {"payments_due_idx", "payments_lease_idx", "payments_scheduledpayment_pkey"}

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from delaypay.sandbox import PrivateRedis, pick_port
 from payments.bench import report
 from payments.bench.naive import use_broker
 from payments.bench.scenarios import RUNNERS, SCENARIOS, BenchError, Options, machine
-from payments.bench.scratch import PrivateRedis
 
 
 class Command(BaseCommand):
@@ -63,7 +63,7 @@ class Command(BaseCommand):
         runs: dict[str, dict] = {}
         started = time.monotonic()
         context = machine()
-        with PrivateRedis(log_root) as private_redis:
+        with PrivateRedis(port=pick_port(56380), directory=log_root) as private_redis:
             use_broker(private_redis.url)
             for scenario in scenarios:
                 options = Options(
@@ -84,7 +84,6 @@ class Command(BaseCommand):
                     naive_rss_cap_mb=opts["naive_rss_cap_mb"],
                     profile=opts["profile"],
                     keep=opts["keep"],
-                    out_dir=log_root,
                     say=say,
                 )
                 log_dir = log_root / scenario
