@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from delaypay import broker
+from common import broker
 from payments.models import Heartbeat
 from payments.selectors import heartbeat_readings
 

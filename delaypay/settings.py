@@ -39,6 +39,9 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI assets served from our own static files (no CDN)
     "ledger",
     "payments",
+    # Development and verification tools (bench, chaos, synthesize_history,
+    # admin_page_timings): management commands only, no models, nothing the product imports.
+    "devtools",
 ]
 
 MIDDLEWARE = [

@@ -12,7 +12,8 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from delaypay import health, prometheus
+from common import prometheus
+from delaypay import health
 from payments.api.errors import error_body
 from payments.metrics import ScheduleCollector
 

@@ -9,7 +9,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from delaypay.admin_tools import (
+from common.admin_tools import (
     LargeTableAdminMixin,
     ReadOnlyAdminMixin,
     badge,
@@ -22,8 +22,14 @@ from delaypay.admin_tools import (
 
 from .forms import DepositForm
 from .models import ISSUANCE_ACCOUNT_ID, Account, Transfer
-from .selectors import transfer_by_key, transfers_for_account
-from .services import AccountStateError, Outcome, account_set_status, ledger_deposit
+from .selectors import transfers_for_account
+from .services import (
+    AccountStateError,
+    DepositRefused,
+    account_deposit,
+    account_deposit_check,
+    account_set_status,
+)
 
 ACCOUNT_STATUS_TONES = {
     Account.Status.ACTIVE: "green",
@@ -133,36 +139,39 @@ class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
         return [object_view_url(self, "deposit", self.deposit_view), *super().get_urls()]
 
     def deposit_view(self, request, object_id):
-        """Form, then ``ledger_deposit`` with the key the form carries, then back to the account."""
+        """Form, then ``account_deposit`` with the key the form carries, then back to the account."""
         if not self.has_deposit_permission(request):
             raise PermissionDenied
         account = self.get_object(request, unquote(object_id))
         if account is None:
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
         back = HttpResponseRedirect(account_url(account.pk))
-        if account.kind != Account.Kind.USER:
-            self.message_user(request, "Deposits go to user accounts only.", messages.ERROR)
+        try:
+            account_deposit_check(account=account)
+        except DepositRefused as exc:
+            self.message_user(request, exc.detail, messages.ERROR)
             return back
         form = DepositForm(request.POST if request.method == "POST" else None, account_id=account.pk)
         if form.is_valid():
             amount, key = form.cleaned_data["amount"], form.cleaned_data["token"]
-            result = ledger_deposit(key=key, account_id=account.pk, amount=amount)
-            if result.outcome == Outcome.APPLIED:
-                self.message_user(
-                    request, f"Deposited {amount} into {account.pk} (ledger key {key}).", messages.SUCCESS
-                )
-                self.log_change(request, account, f"Deposit of {amount} (ledger key {key}).")
-            elif result.outcome == Outcome.ALREADY_APPLIED:
-                earlier = transfer_by_key(key=key)
+            try:
+                deposit = account_deposit(account_id=account.pk, amount=amount, key=key)
+            except DepositRefused as exc:
+                self.message_user(request, f"Deposit refused: {exc.reason}. Nothing moved.", messages.ERROR)
+                return back
+            if deposit.replayed:
                 self.message_user(
                     request,
-                    f"This deposit form was already submitted: {earlier.amount} was deposited into"
-                    f" {earlier.credit_account_id} at {earlier.created_at.isoformat()} (ledger key {key})."
+                    f"This deposit form was already submitted: {deposit.amount} was deposited into"
+                    f" {deposit.account_id} at {deposit.posted_at.isoformat()} (ledger key {key})."
                     " Nothing more moved.",
                     messages.WARNING,
                 )
             else:
-                self.message_user(request, f"Deposit refused: {result.outcome.value}. Nothing moved.", messages.ERROR)
+                self.message_user(
+                    request, f"Deposited {amount} into {account.pk} (ledger key {key}).", messages.SUCCESS
+                )
+                self.log_change(request, account, f"Deposit of {amount} (ledger key {key}).")
             return back
         context = {
             **self.admin_site.each_context(request),

@@ -4,7 +4,7 @@ from django import forms
 from django.conf import settings
 from django.core import signing
 
-from delaypay.ids import new_id
+from common.ids import new_id
 
 DEPOSIT_TOKEN_SALT = "ledger.admin.deposit"
 DEPOSIT_TOKEN_MAX_AGE = 24 * 3600

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
-from delaypay.ids import new_id
+from common.ids import new_id
 
 ISSUANCE_ACCOUNT_ID = "acc_issuance"
 

@@ -12,7 +12,11 @@ from enum import StrEnum
 
 from django.db import connection, transaction
 
+from common.ids import new_id
+
+from . import sql
 from .models import ISSUANCE_ACCOUNT_ID, Account
+from .selectors import transfer_by_key
 
 
 class Outcome(StrEnum):
@@ -70,19 +74,15 @@ def _decide(cur, postings: Sequence[Posting], *, lock: bool):
     state and funds. Returns (results, balance deltas, transfers to insert)."""
     account_ids = sorted({p.debit_account_id for p in postings} | {p.credit_account_id for p in postings})
     keys = [p.key for p in postings]
-    cur.execute(
-        "SELECT id, kind, status, balance FROM ledger_account"
-        " WHERE id = ANY(%s) ORDER BY id" + (" FOR UPDATE" if lock else ""),
-        [account_ids],
-    )
+    cur.execute(sql.LOCK_ACCOUNTS if lock else sql.READ_ACCOUNTS, [account_ids])
     accounts = {row[0]: {"kind": row[1], "status": row[2], "balance": row[3]} for row in cur.fetchall()}
     missing = set(account_ids) - accounts.keys()
     if missing:
         raise UnknownAccount(", ".join(sorted(missing)))
 
-    cur.execute("SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)", [keys])
+    cur.execute(sql.TRANSFER_TIMES, [keys])
     existing: dict[str, datetime] = dict(cur.fetchall())
-    cur.execute("SELECT now()")
+    cur.execute(sql.DB_NOW)
     now = cur.fetchone()[0]
 
     results: dict[str, PostResult] = {}
@@ -148,9 +148,7 @@ def ledger_post_batch(*, postings: Sequence[Posting]) -> dict[str, PostResult]:
         if new_transfers:
             # Set-based writes: one INSERT and one UPDATE for the whole batch.
             cur.execute(
-                "INSERT INTO ledger_transfer (key, debit_account_id, credit_account_id, amount, created_at)"
-                " SELECT k, d, c, a, now()"
-                " FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS t(k, d, c, a)",
+                sql.INSERT_TRANSFERS,
                 [
                     [p.key for p in new_transfers],
                     [p.debit_account_id for p in new_transfers],
@@ -159,11 +157,7 @@ def ledger_post_batch(*, postings: Sequence[Posting]) -> dict[str, PostResult]:
                 ],
             )
             changed = sorted(a for a, d in deltas.items() if d)
-            cur.execute(
-                "UPDATE ledger_account a SET balance = a.balance + v.delta, updated_at = now()"
-                " FROM unnest(%s::text[], %s::bigint[]) AS v(id, delta) WHERE a.id = v.id",
-                [changed, [deltas[a] for a in changed]],
-            )
+            cur.execute(sql.APPLY_BALANCE_DELTAS, [changed, [deltas[a] for a in changed]])
     return results
 
 
@@ -179,6 +173,65 @@ def ledger_deposit(*, key: str, account_id: str, amount: int) -> PostResult:
     """Credit a user account from the issuance account: how money enters the system."""
     return ledger_transfer(
         key=key, debit_account_id=ISSUANCE_ACCOUNT_ID, credit_account_id=account_id, amount=amount
+    )
+
+
+class DepositRefused(Exception):
+    """A deposit the ledger will not make: into a system account, or one the ledger
+    refuses (``reason`` is then the ledger's outcome, e.g. ``account_closed``)."""
+
+    code = "deposit_rejected"
+
+    def __init__(self, detail: str, *, reason: str):
+        super().__init__(detail)
+        self.detail = detail
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Deposit:
+    key: str
+    account_id: str
+    amount: int
+    balance: int  # the account's balance right after the deposit, in its transaction
+    posted_at: datetime
+    replayed: bool  # the key had already moved this money: nothing moved this time
+
+
+def account_deposit_check(*, account: Account) -> None:
+    """Refuse a deposit that can never succeed, before any work: money enters user
+    accounts only. ``account_deposit`` checks it again at the moment of action."""
+    if account.kind != Account.Kind.USER:
+        raise DepositRefused("Deposits go to user accounts only.", reason="not_a_user_account")
+
+
+def account_deposit(*, account_id: str, amount: int, key: str | None = None) -> Deposit:
+    """Credit a user account from the issuance account, once per ``key`` (a new ``dep_``
+    key when none is given): the one deposit service of the API and the admin.
+
+    A key that already moved money moves nothing more and returns that earlier deposit
+    (``replayed``). Raises ``DepositRefused`` for a system account or when the ledger
+    refuses (a closed account)."""
+    key = key or new_id("dep")
+    with transaction.atomic():
+        account = Account.objects.filter(pk=account_id).first()
+        if account is None:
+            raise UnknownAccount(account_id)
+        account_deposit_check(account=account)
+        result = ledger_deposit(key=key, account_id=account_id, amount=amount)
+        if result.outcome == Outcome.ALREADY_APPLIED:
+            earlier = transfer_by_key(key=key)
+            account_id, amount = earlier.credit_account_id, earlier.amount
+        elif result.outcome != Outcome.APPLIED:
+            raise DepositRefused(f"The deposit was rejected: {result.outcome.value}.", reason=result.outcome.value)
+        balance = Account.objects.values_list("balance", flat=True).get(pk=account_id)
+    return Deposit(
+        key=key,
+        account_id=account_id,
+        amount=amount,
+        balance=balance,
+        posted_at=result.posted_at,
+        replayed=result.outcome == Outcome.ALREADY_APPLIED,
     )
 
 

@@ -14,7 +14,7 @@ from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
-from delaypay.admin_tools import (
+from common.admin_tools import (
     LargeTableAdminMixin,
     LatestRowsInlineFormSet,
     ReadOnlyAdminMixin,
@@ -38,7 +38,6 @@ from .models import (
     RecurringStatus,
     ScheduledPayment,
 )
-from .recurring import recurring_pause, recurring_resume
 from .selectors import (
     payment_due_next_hour_condition,
     payment_due_today_condition,
@@ -48,6 +47,7 @@ from .selectors import (
     payment_search_condition,
     recurring_search_condition,
 )
+from .series import recurring_pause, recurring_resume
 from .services import payment_cancel_outcome
 
 admin.site.site_header = "delaypay operations"

@@ -1,10 +1,9 @@
-"""Domain errors. Each carries the stable ``code`` clients see; payments/api/errors.py
-maps them to HTTP in one place."""
+"""Domain errors. Each carries the stable ``code`` clients see and knows nothing of HTTP:
+payments/api/errors.py maps them to statuses in one place."""
 
 
 class DomainError(Exception):
     code = "error"
-    http_status = 400
     default_detail = "The request could not be completed."
 
     def __init__(self, detail: str | None = None, **extra):
@@ -26,19 +25,16 @@ class PaymentValidationError(DomainError):
 
 class PaymentNotFound(DomainError):
     code = "not_found"
-    http_status = 404
     default_detail = "No such payment."
 
 
 class AccountNotFound(DomainError):
     code = "not_found"
-    http_status = 404
     default_detail = "No such account."
 
 
 class PaymentNotCancellable(DomainError):
     code = "payment_not_cancellable"
-    http_status = 409
 
     def __init__(self, status: str):
         super().__init__(f"The payment is {status} and can no longer be cancelled.", status=status)
@@ -47,7 +43,6 @@ class PaymentNotCancellable(DomainError):
 
 class PaymentNotEditable(DomainError):
     code = "payment_not_editable"
-    http_status = 409
 
     def __init__(self, status: str):
         super().__init__(f"The payment is {status} and can no longer be changed.", status=status)
@@ -56,7 +51,6 @@ class PaymentNotEditable(DomainError):
 
 class VersionMismatch(DomainError):
     code = "version_mismatch"
-    http_status = 412
 
     def __init__(self, version: int):
         super().__init__("The payment changed since you read it (If-Match does not match).", version=version)
@@ -65,33 +59,24 @@ class VersionMismatch(DomainError):
 
 class RecurringNotFound(DomainError):
     code = "not_found"
-    http_status = 404
     default_detail = "No such recurring payment."
 
 
 class RecurringStateError(DomainError):
     code = "recurring_not_editable"
-    http_status = 409
 
     def __init__(self, status: str):
         super().__init__(f"The recurring payment is {status}.", status=status)
         self.status = status
 
 
-class DepositRejected(DomainError):
-    code = "deposit_rejected"
-    http_status = 409
-
-
 class IdempotencyKeyReused(DomainError):
     code = "idempotency_key_reused"
-    http_status = 409
     default_detail = "This Idempotency-Key was already used with a different request."
 
 
 class IdempotencyKeyInUse(DomainError):
     code = "idempotency_key_in_use"
-    http_status = 409
     default_detail = "A request with this Idempotency-Key is still in progress; retry shortly."
 
 
@@ -100,7 +85,6 @@ class StaffActionForbidden(DomainError):
     only with the permission for that action (superusers have them all)."""
 
     code = "permission_denied"
-    http_status = 403
     default_detail = "You may read this but not do that to it."
 
 

@@ -1,12 +1,24 @@
-"""The executor: apply a claimed batch of payments in one transaction.
+"""The executor: apply a claimed batch of payments in one transaction, in four steps.
 
-1. Lock the payments FOR UPDATE where status = EXECUTING and attempt = the message's;
-   the rest are stale (superseded or finished) and change nothing.
-2-4. The ledger locks the accounts in id order, converges payments whose transfer
-   already exists (the guard comes before any funds check), and checks funds and
-   account state for the rest, in due order.
-5. Bulk-write transfers and balances, CAS every status (WHERE attempt = given), insert
-   attempt rows and events. Commit.
+1. ``lock_fenced``: lock the payments ``FOR UPDATE`` where status = EXECUTING and
+   attempt = the message's (the fence); the rest are stale (superseded or finished)
+   and change nothing.
+2. ``decide``: each locked payment's outcome. Payments past their attempt limit or their
+   ``expires_after`` deadline end without an apply (unless their transfer exists: the
+   guard comes first); the rest get the ledger's decision (guard, account state, funds,
+   in due order).
+3. ``write_outcomes``: CAS every status (WHERE attempt = given), insert the attempt rows
+   and the events.
+4. ``post_money``: the ledger locks the accounts in id order, decides again and moves
+   the money.
+
+The account locks are the one thing concurrent batches wait on (two batches of a burst
+nearly always share an account), so they are taken last: step 2 forecasts the ledger's
+decision from unlocked balances, step 3 writes from the forecast, and step 4 takes the
+locks and decides for real; if its decision differs from the forecast (a balance
+changed in between), the whole transaction rolls back, the ledger's writes with it, and
+the batch runs again with the locks taken first (step 2 then *is* the locked decision
+and step 4 is skipped). See docs/decisions/forecast-then-lock.md.
 """
 
 import json
@@ -14,17 +26,20 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.conf import settings
 from django.db import connection, transaction
 
-from ledger.services import Outcome, Posting, ledger_post_batch, ledger_preview_batch
+from ledger.selectors import transfer_times
+from ledger.services import Outcome, Posting, PostResult, ledger_post_batch, ledger_preview_batch
 
+from . import sql
 from .models import ExecutionAttempt, FailureReason, PaymentEvent, PaymentStatus
 
 logger = logging.getLogger(__name__)
 
-Pair = tuple[str, int]
+Pair = tuple[str, int]  # (payment_id, attempt): what an execute message carries
 
 
 class ForecastMissed(Exception):
@@ -38,6 +53,36 @@ class FenceViolation(RuntimeError):
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class LockedPayment:
+    """A claimed payment, locked and fenced: this message's attempt is the current one."""
+
+    id: str
+    attempt: int
+    from_account_id: str
+    to_account_id: str
+    amount: int
+    execute_at: datetime
+    claimed_at: datetime
+    expired: bool  # past execute_at + expires_after
+
+    def posting(self) -> Posting:
+        return Posting(key=self.id, debit_account_id=self.from_account_id,
+                       credit_account_id=self.to_account_id, amount=self.amount)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """How one payment ends: its final status and what its attempt row and event say."""
+
+    payment: LockedPayment
+    status: PaymentStatus  # EXECUTED or FAILED
+    outcome: str  # ExecutionAttempt.Outcome: executed, already_applied, failed (error: record_error)
+    failure_reason: str = ""
+    executed_at: datetime | None = None  # when the money moved (None: it did not)
+    error: str = ""  # the attempt row's detail
 
 
 @dataclass
@@ -55,73 +100,25 @@ class BatchResult:
         self.stale += other.stale
         self.execution_lateness += other.execution_lateness
 
-
-# The fence and the CAS find their rows by primary key, always. The expected status
-# comes in as a column of the unnest (every element 'EXECUTING') rather than as the
-# literal: with the literal the planner may pick the partial lease index, whose
-# statistics are stale in a burst (EXECUTING goes from ~0 to tens of thousands of rows
-# within seconds, long before autovacuum analyzes), and then every batch scans all
-# in-flight rows: O(in-flight) per batch instead of O(batch).
-LOCK_SQL = """
-SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
-       coalesce(p.execute_at + p.expires_after < now(), false) AS expired
-  FROM payments_scheduledpayment p
-  JOIN unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
-    ON m.id = p.id AND m.attempt = p.attempt AND m.status = p.status
- WHERE p.id = ANY(%(ids)s::text[])
- ORDER BY p.id
-   FOR UPDATE OF p
-"""
-
-FINISH_SQL = """
-UPDATE payments_scheduledpayment p
-   SET status = v.status, failure_reason = v.reason, executed_at = v.executed_at,
-       lease_until = NULL, updated_at = now()
-  FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[], %(statuses)s::text[],
-              %(reasons)s::text[], %(executed_ats)s::timestamptz[])
-       AS v(id, attempt, expected, status, reason, executed_at)
- WHERE p.id = ANY(%(ids)s::text[]) AND p.id = v.id AND p.attempt = v.attempt AND p.status = v.expected
-"""
+    def add(self, decision: Decision) -> None:
+        payment = decision.payment
+        if decision.status == PaymentStatus.FAILED:
+            self.failed[payment.id] = decision.failure_reason
+        elif decision.outcome == ExecutionAttempt.Outcome.EXECUTED:
+            self.executed.append(payment.id)
+            self.execution_lateness.append((decision.executed_at - payment.execute_at).total_seconds())
+        else:
+            self.already_applied.append(payment.id)
 
 
-def _fenced(ids: list[str], attempts: list[int], **columns) -> dict:
-    """Parameters of LOCK_SQL / FINISH_SQL: each row expected EXECUTING at its attempt."""
+def fence_params(ids: list[str], attempts: list[int], **columns) -> dict:
+    """Parameters of sql.LOCK_FENCED / sql.FINISH_FENCED: each row expected EXECUTING at its attempt."""
     return {"ids": ids, "attempts": attempts, "expected": [PaymentStatus.EXECUTING.value] * len(ids), **columns}
-
-ATTEMPTS_SQL = """
-INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)
-SELECT v.id, v.attempt, %s, now(), %s, v.outcome, v.error
-  FROM unnest(%s::text[], %s::int[], %s::text[], %s::text[]) AS v(id, attempt, outcome, error)
-ON CONFLICT (payment_id, attempt) DO NOTHING
-"""
-
-EVENTS_SQL = """
-INSERT INTO payments_paymentevent (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
-SELECT v.id, v.kind, 'EXECUTING', v.status, v.attempt, %s, v.data::jsonb, now()
-  FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::text[]) AS v(id, kind, status, attempt, data)
-"""
-
-STALE_SQL = """
-INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)
-SELECT p.id, m.attempt, %s, now(), %s, 'stale', 'attempt superseded or payment already finished'
-  FROM unnest(%s::text[], %s::int[]) AS m(id, attempt)
-  JOIN payments_scheduledpayment p ON p.id = m.id
-ON CONFLICT (payment_id, attempt) DO NOTHING
-"""
 
 
 def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResult:
     """Apply one batch of claimed payments atomically. Safe to call twice with the same
-    pairs, concurrently or after a crash: money moves once, the repeat is stale.
-
-    The account locks are the one thing concurrent batches wait on (two batches of a
-    burst nearly always share an account), so they are taken last: the outcomes are
-    forecast from unlocked balances, the payments' statuses, attempts and events are
-    written from the forecast, and only then does the ledger lock the accounts, decide
-    again and move the money; if its decision differs from the forecast (a balance
-    changed in between), the whole transaction rolls back, the ledger's writes with it,
-    and the batch runs again with the locks taken first.
-    """
+    pairs, concurrently or after a crash: money moves once, the repeat is stale."""
     try:
         return _execute_batch(pairs=pairs, worker=worker, forecast=True)
     except ForecastMissed as exc:
@@ -131,98 +128,130 @@ def execute_batch(*, pairs: list[Pair], worker: str | None = None) -> BatchResul
 
 def _execute_batch(*, pairs: list[Pair], worker: str | None, forecast: bool) -> BatchResult:
     worker = worker or worker_name()
-    result = BatchResult()
     pairs = list(dict.fromkeys((str(pid), int(att)) for pid, att in pairs))
+    result = BatchResult()
     if not pairs:
         return result
-    max_attempts = settings.DELAYPAY_MAX_ATTEMPTS
-
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT now()")
-        started_at = cur.fetchone()[0]
-        cur.execute(LOCK_SQL, _fenced([p[0] for p in pairs], [p[1] for p in pairs]))
-        rows = cur.fetchall()
-        locked = {(r[0], r[1]) for r in rows}
-        result.stale = [p for p in pairs if p not in locked]
-
-        # Due order decides who gets the money when several payments share a payer.
-        rows.sort(key=lambda r: (r[5], r[0]))
-        # Some payments end without an apply: claimed more times than allowed (their
-        # worker keeps dying or their messages keep getting lost), or past their
-        # expires_after deadline. The guard still comes first: a transfer means executed.
-        ending = {
-            r[0]: FailureReason.ATTEMPTS_EXHAUSTED.value if r[1] > max_attempts else FailureReason.EXPIRED.value
-            for r in rows
-            if r[1] > max_attempts or r[7]
-        }
-        live = [r for r in rows if r[0] not in ending]
-        postings = [Posting(key=r[0], debit_account_id=r[2], credit_account_id=r[3], amount=r[4]) for r in live]
+        started_at = _db_now(cur)
+        locked, result.stale = lock_fenced(cur, pairs)
+        ending = ending_reasons(locked)
+        postings = [p.posting() for p in locked if p.id not in ending]
+        # Forecast (no account lock) or, on the rerun, the ledger's real decision.
         outcomes = (ledger_preview_batch if forecast else ledger_post_batch)(postings=postings)
-        if ending:
-            cur.execute("SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)", [list(ending)])
-            moved = dict(cur.fetchall())
-        else:
-            moved = {}
-
-        ids, attempts, statuses, reasons, executed_ats = [], [], [], [], []
-        att_outcomes, errors, kinds, datas = [], [], [], []
-
-        def finish(row, status, reason, executed_at, outcome, error=""):
-            ids.append(row[0])
-            attempts.append(row[1])
-            statuses.append(status)
-            reasons.append(reason)
-            executed_ats.append(executed_at)
-            att_outcomes.append(outcome)
-            errors.append(error)
-            kinds.append(PaymentEvent.Kind.EXECUTED if status == PaymentStatus.EXECUTED else PaymentEvent.Kind.FAILED)
-            datas.append(json.dumps({"outcome": outcome, **({"failure_reason": reason} if reason else {})}))
-
-        for row in live:
-            post = outcomes[row[0]]
-            if post.outcome == Outcome.APPLIED:
-                finish(row, PaymentStatus.EXECUTED, "", post.posted_at, ExecutionAttempt.Outcome.EXECUTED)
-                result.executed.append(row[0])
-                result.execution_lateness.append((post.posted_at - row[5]).total_seconds())
-            elif post.outcome == Outcome.ALREADY_APPLIED:
-                finish(row, PaymentStatus.EXECUTED, "", post.posted_at, ExecutionAttempt.Outcome.ALREADY_APPLIED)
-                result.already_applied.append(row[0])
-            else:
-                finish(row, PaymentStatus.FAILED, post.outcome.value, None, ExecutionAttempt.Outcome.FAILED)
-                result.failed[row[0]] = post.outcome.value
-        for row in (r for r in rows if r[0] in ending):
-            if row[0] in moved:
-                finish(row, PaymentStatus.EXECUTED, "", moved[row[0]], ExecutionAttempt.Outcome.ALREADY_APPLIED)
-                result.already_applied.append(row[0])
-            else:
-                reason = ending[row[0]]
-                detail = (
-                    f"claimed {row[1]} times; the limit is {max_attempts}"
-                    if reason == FailureReason.ATTEMPTS_EXHAUSTED
-                    else "could not start by execute_at + expires_after"
-                )
-                finish(row, PaymentStatus.FAILED, reason, None, ExecutionAttempt.Outcome.FAILED, detail)
-                result.failed[row[0]] = reason
-
-        if ids:
-            cur.execute(FINISH_SQL, _fenced(ids, attempts, statuses=statuses, reasons=reasons,
-                                            executed_ats=executed_ats))
-            if cur.rowcount != len(ids):
-                raise FenceViolation(f"CAS updated {cur.rowcount} of {len(ids)} locked payments")
-            cur.execute(ATTEMPTS_SQL, [started_at, worker, ids, attempts, att_outcomes, errors])
-            cur.execute(EVENTS_SQL, [f"worker:{worker}", ids, kinds, statuses, attempts, datas])
+        decisions = decide(locked, outcomes=outcomes, ending=ending, moved=transfer_times(keys=list(ending)))
+        write_outcomes(cur, decisions, started_at=started_at, worker=worker)
         if forecast:
-            # Last, under the account locks: the ledger decides again and moves the money;
-            # any difference from the forecast rolls everything back (the raise below).
-            decided = ledger_post_batch(postings=postings)
-            if decided != outcomes:
-                changed = sorted(k for k in decided if decided[k] != outcomes.get(k))
-                raise ForecastMissed(f"{len(changed)} outcome(s) changed, e.g. {changed[:3]}")
+            post_money(postings, forecast=outcomes)
         if result.stale:
-            cur.execute(STALE_SQL, [started_at, worker, [p[0] for p in result.stale], [p[1] for p in result.stale]])
+            record_stale(cur, result.stale, started_at=started_at, worker=worker)
+    for decision in decisions:
+        result.add(decision)
     if result.stale:
         logger.info("stale attempts rejected: %s", result.stale)
     return result
+
+
+def _db_now(cur) -> datetime:
+    cur.execute(sql.DB_NOW)
+    return cur.fetchone()[0]
+
+
+def lock_fenced(cur, pairs: list[Pair]) -> tuple[list[LockedPayment], list[Pair]]:
+    """Step 1. Lock the payments still EXECUTING at the message's attempt, in due order
+    (due order decides who gets the money when several share a payer); the other
+    pairs are stale."""
+    cur.execute(sql.LOCK_FENCED, fence_params([p[0] for p in pairs], [p[1] for p in pairs]))
+    locked = [LockedPayment(*row) for row in cur.fetchall()]
+    fenced = {(p.id, p.attempt) for p in locked}
+    locked.sort(key=lambda p: (p.execute_at, p.id))
+    return locked, [pair for pair in pairs if pair not in fenced]
+
+
+def ending_reasons(locked: list[LockedPayment]) -> dict[str, str]:
+    """Payments that end without an apply, with their failure reason: claimed more times
+    than allowed (their worker keeps dying or their messages keep getting lost), or past
+    their expires_after deadline."""
+    max_attempts = settings.DELAYPAY_MAX_ATTEMPTS
+    return {
+        p.id: FailureReason.ATTEMPTS_EXHAUSTED.value if p.attempt > max_attempts else FailureReason.EXPIRED.value
+        for p in locked
+        if p.attempt > max_attempts or p.expired
+    }
+
+
+def decide(
+    locked: list[LockedPayment],
+    *,
+    outcomes: dict[str, PostResult],
+    ending: dict[str, str],
+    moved: dict[str, datetime],
+) -> list[Decision]:
+    """Step 2. Each payment's outcome: the ledger's for the live ones (in due order), then
+    the ending ones, which still converge to EXECUTED when their transfer exists."""
+    decisions = []
+    for payment in (p for p in locked if p.id not in ending):
+        post = outcomes[payment.id]
+        if post.outcome == Outcome.APPLIED:
+            decisions.append(Decision(payment, PaymentStatus.EXECUTED, ExecutionAttempt.Outcome.EXECUTED,
+                                      executed_at=post.posted_at))
+        elif post.outcome == Outcome.ALREADY_APPLIED:
+            decisions.append(Decision(payment, PaymentStatus.EXECUTED, ExecutionAttempt.Outcome.ALREADY_APPLIED,
+                                      executed_at=post.posted_at))
+        else:
+            decisions.append(Decision(payment, PaymentStatus.FAILED, ExecutionAttempt.Outcome.FAILED,
+                                      failure_reason=post.outcome.value))
+    for payment in (p for p in locked if p.id in ending):
+        if payment.id in moved:
+            decisions.append(Decision(payment, PaymentStatus.EXECUTED, ExecutionAttempt.Outcome.ALREADY_APPLIED,
+                                      executed_at=moved[payment.id]))
+            continue
+        reason = ending[payment.id]
+        detail = (
+            f"claimed {payment.attempt} times; the limit is {settings.DELAYPAY_MAX_ATTEMPTS}"
+            if reason == FailureReason.ATTEMPTS_EXHAUSTED
+            else "could not start by execute_at + expires_after"
+        )
+        decisions.append(Decision(payment, PaymentStatus.FAILED, ExecutionAttempt.Outcome.FAILED,
+                                  failure_reason=reason, error=detail))
+    return decisions
+
+
+def write_outcomes(cur, decisions: list[Decision], *, started_at: datetime, worker: str) -> None:
+    """Step 3. CAS every status from EXECUTING at its attempt (all or nothing: the rows are
+    locked, so a miss means the fence broke), then one attempt row and one event each."""
+    if not decisions:
+        return
+    ids = [d.payment.id for d in decisions]
+    attempts = [d.payment.attempt for d in decisions]
+    statuses = [d.status for d in decisions]
+    cur.execute(sql.FINISH_FENCED, fence_params(
+        ids, attempts, statuses=statuses, reasons=[d.failure_reason for d in decisions],
+        executed_ats=[d.executed_at for d in decisions],
+    ))
+    if cur.rowcount != len(ids):
+        raise FenceViolation(f"CAS updated {cur.rowcount} of {len(ids)} locked payments")
+    cur.execute(sql.INSERT_ATTEMPTS, [started_at, worker, ids, attempts, [d.outcome for d in decisions],
+                                      [d.error for d in decisions]])
+    kinds = [PaymentEvent.Kind.EXECUTED if d.status == PaymentStatus.EXECUTED else PaymentEvent.Kind.FAILED
+             for d in decisions]
+    data = [json.dumps({"outcome": d.outcome, **({"failure_reason": d.failure_reason} if d.failure_reason else {})})
+            for d in decisions]
+    cur.execute(sql.INSERT_FINISH_EVENTS, [f"worker:{worker}", ids, kinds, statuses, attempts, data])
+
+
+def post_money(postings: list[Posting], *, forecast: dict[str, PostResult]) -> None:
+    """Step 4. Under the account locks the ledger decides again and moves the money; any
+    difference from the forecast rolls the whole batch back (ForecastMissed)."""
+    decided = ledger_post_batch(postings=postings)
+    if decided != forecast:
+        changed = sorted(k for k in decided if decided[k] != forecast.get(k))
+        raise ForecastMissed(f"{len(changed)} outcome(s) changed, e.g. {changed[:3]}")
+
+
+def record_stale(cur, stale: list[Pair], *, started_at: datetime, worker: str) -> None:
+    """An attempt row for each stale message (superseded, or the payment already finished)."""
+    cur.execute(sql.INSERT_STALE_ATTEMPTS, [started_at, worker, [p[0] for p in stale], [p[1] for p in stale]])
 
 
 def retry_backoff_seconds(attempt: int) -> float:
@@ -240,32 +269,29 @@ def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchR
     worker = worker or worker_name()
     payment_id, attempt = pair
     result = BatchResult()
+    error = error[:2000]
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT now()")
-        now = cur.fetchone()[0]
-        cur.execute(LOCK_SQL, _fenced([payment_id], [attempt]))
-        if not cur.fetchall():
-            result.stale.append(pair)
+        started_at = _db_now(cur)
+        locked, result.stale = lock_fenced(cur, [pair])
+        if not locked:
             return result
-        cur.execute("SELECT created_at FROM ledger_transfer WHERE key = %s", [payment_id])
-        transfer = cur.fetchone()
-        if transfer is not None or attempt >= settings.DELAYPAY_MAX_ATTEMPTS:
-            status = PaymentStatus.EXECUTED if transfer else PaymentStatus.FAILED
-            reason = "" if transfer else FailureReason.ATTEMPTS_EXHAUSTED.value
-            cur.execute(FINISH_SQL, _fenced([payment_id], [attempt], statuses=[status], reasons=[reason],
-                                            executed_ats=[transfer[0] if transfer else None]))
-            kind = PaymentEvent.Kind.EXECUTED if transfer else PaymentEvent.Kind.FAILED
-            data = json.dumps({"outcome": "error", **({"failure_reason": reason} if reason else {})})
-            cur.execute(EVENTS_SQL, [f"worker:{worker}", [payment_id], [kind], [status], [attempt], [data]])
-            if transfer:
-                result.already_applied.append(payment_id)
-            else:
-                result.failed[payment_id] = reason
+        [payment] = locked
+        moved = transfer_times(keys=[payment_id])
+        if payment_id in moved:
+            decision = Decision(payment, PaymentStatus.EXECUTED, ExecutionAttempt.Outcome.ERROR,
+                                executed_at=moved[payment_id], error=error)
+        elif attempt >= settings.DELAYPAY_MAX_ATTEMPTS:
+            decision = Decision(payment, PaymentStatus.FAILED, ExecutionAttempt.Outcome.ERROR,
+                                failure_reason=FailureReason.ATTEMPTS_EXHAUSTED.value, error=error)
         else:
-            cur.execute(
-                "UPDATE payments_scheduledpayment SET lease_until = now() + make_interval(secs => %s),"
-                " updated_at = now() WHERE id = %s AND status = 'EXECUTING' AND attempt = %s",
-                [retry_backoff_seconds(attempt), payment_id, attempt],
-            )
-        cur.execute(ATTEMPTS_SQL, [now, worker, [payment_id], [attempt], ["error"], [error[:2000]]])
+            cur.execute(sql.SHORTEN_LEASE, {"backoff": retry_backoff_seconds(attempt), "id": payment_id,
+                                            "attempt": attempt})
+            cur.execute(sql.INSERT_ATTEMPTS, [started_at, worker, [payment_id], [attempt],
+                                              [ExecutionAttempt.Outcome.ERROR], [error]])
+            return result
+        write_outcomes(cur, [decision], started_at=started_at, worker=worker)
+    if decision.status == PaymentStatus.FAILED:
+        result.failed[payment_id] = decision.failure_reason
+    else:
+        result.already_applied.append(payment_id)
     return result

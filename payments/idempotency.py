@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from django.db import OperationalError, connection, transaction
 
+from . import sql
 from .exceptions import IdempotencyKeyInUse, IdempotencyKeyReused
 from .models import IdempotencyKey
 
@@ -43,15 +44,10 @@ def idempotent_call(
     try:
         with transaction.atomic():
             with connection.cursor() as cur:
-                cur.execute(f"SET LOCAL lock_timeout = '{KEY_LOCK_TIMEOUT}'")
-                cur.execute(
-                    "INSERT INTO payments_idempotencykey (actor_id, key, fingerprint, response_body, created_at)"
-                    " VALUES (%s, %s, %s, '', now())"
-                    " ON CONFLICT (actor_id, key) DO NOTHING RETURNING id",
-                    [actor.pk, key, fingerprint],
-                )
+                cur.execute(sql.SET_LOCAL_LOCK_TIMEOUT, [KEY_LOCK_TIMEOUT])
+                cur.execute(sql.IDEMPOTENCY_CLAIM_KEY, [actor.pk, key, fingerprint])
                 inserted = cur.fetchone()
-                cur.execute("SET LOCAL lock_timeout = 0")
+                cur.execute(sql.SET_LOCAL_LOCK_TIMEOUT, ["0"])
             if inserted is None:
                 stored = IdempotencyKey.objects.get(actor=actor, key=key)
                 if stored.fingerprint != fingerprint:
@@ -77,11 +73,7 @@ def idempotency_keys_purge(*, older_than: timedelta = KEY_RETENTION, batch: int 
     deleted = 0
     while True:
         with connection.cursor() as cur:
-            cur.execute(
-                "DELETE FROM payments_idempotencykey WHERE id IN ("
-                " SELECT id FROM payments_idempotencykey WHERE created_at < now() - %s LIMIT %s)",
-                [older_than, batch],
-            )
+            cur.execute(sql.IDEMPOTENCY_PURGE, [older_than, batch])
             deleted += cur.rowcount
             if cur.rowcount < batch:
                 return deleted

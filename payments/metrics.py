@@ -18,18 +18,21 @@ import bisect
 import logging
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from delaypay import broker
+from common import broker
 
 from . import selectors, services
 from .execution import BatchResult
 from .models import Heartbeat
-from .promoter import TickResult
+
+if TYPE_CHECKING:  # the promoter records its ticks here: no import at run time
+    from .promoter import TickResult
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +95,7 @@ def observe_many(histogram: Histogram, values: list[float]) -> None:
     histogram._sum.inc(sum(values))
 
 
-def record_tick(result: TickResult) -> None:
+def record_tick(result: "TickResult") -> None:
     """Count one promoter tick (the caller records its heartbeat)."""
     claimed_total.inc(result.claimed)
     reclaimed_total.inc(result.reclaimed)

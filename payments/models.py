@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models.functions import Now
 
-from delaypay.ids import new_id
+from common.ids import new_id
 
 
 def new_payment_id() -> str:
@@ -25,9 +25,11 @@ class PaymentStatus(models.TextChoices):
 
 TERMINAL_STATUSES = frozenset({PaymentStatus.EXECUTED, PaymentStatus.FAILED, PaymentStatus.CANCELLED})
 
-# Documentation of the state machine; the database trigger is what enforces it.
+# Documentation of the state machine; the database trigger is what enforces it, and
+# tests/payments/test_models.py checks that the two agree on every pair of statuses.
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
-    PaymentStatus.SCHEDULED: frozenset({PaymentStatus.EXECUTING, PaymentStatus.CANCELLED}),
+    # SCHEDULED -> SCHEDULED is a reschedule (PATCH of the amount or the due time).
+    PaymentStatus.SCHEDULED: frozenset({PaymentStatus.SCHEDULED, PaymentStatus.EXECUTING, PaymentStatus.CANCELLED}),
     # EXECUTING -> EXECUTING is the re-claim of an expired lease (attempt + 1).
     PaymentStatus.EXECUTING: frozenset(
         {PaymentStatus.EXECUTING, PaymentStatus.EXECUTED, PaymentStatus.FAILED}
@@ -180,10 +182,6 @@ class ScheduledPayment(models.Model):
     def __str__(self) -> str:
         return self.id
 
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in TERMINAL_STATUSES
-
 
 class RecurringStatus(models.TextChoices):
     ACTIVE = "ACTIVE"
@@ -207,7 +205,7 @@ class RecurringPayment(models.Model):
 
     Exactly one of ``interval`` (ISO 8601 duration; calendar units are applied in
     ``timezone``) and ``cron`` (five fields, evaluated in ``timezone``) is set; see
-    payments/recurrence.py. ``next_occurrence_at`` is the next occurrence not yet
+    payments/rules.py. ``next_occurrence_at`` is the next occurrence not yet
     generated; the promoter tick generates it once the previous one is due
     (``last_occurrence_at <= now()``), so at most one occurrence waits ahead of time.
     """

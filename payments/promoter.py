@@ -12,73 +12,24 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
 
+from . import metrics, services, sql
+from .execution import worker_name
+from .models import Heartbeat
+from .series import recurring_generate_due
+from .worker import run_batch
+
 logger = logging.getLogger(__name__)
+outcome_logger = logging.getLogger("payments.outcomes")
+
+# The execute message's contract: this task name, args [[[payment_id, attempt], ...]].
+# Published by name, so the promoter needs no import of the tasks module.
+EXECUTE_TASK = "payments.tasks.execute_batch"
 
 Pair = tuple[str, int]  # (payment_id, attempt)
-
-# Raw SQL because the ORM cannot say UPDATE ... FROM (SELECT ... SKIP LOCKED) RETURNING
-# with a data-modifying CTE. One statement claims, fences (attempt + 1), leases, and
-# writes the audit events, so a claim and its record commit together.
-#
-# Fresh and expired rows are two locking CTEs rather than the single "WHERE a OR b" of
-# DESIGN.md: with OR the planner bitmap-scans every due row and sorts them all before
-# LIMIT, which is O(backlog) per claim during a burst; each CTE here walks its own
-# partial index in order and stops after LIMIT rows.
-CLAIM_SQL = """
-WITH fresh AS (
-    SELECT id, status FROM payments_scheduledpayment
-     WHERE status = 'SCHEDULED' AND execute_at <= now()
-     ORDER BY execute_at, id
-     LIMIT %(batch)s
-       FOR UPDATE SKIP LOCKED
-), expired AS (
-    SELECT id, status FROM payments_scheduledpayment
-     WHERE status = 'EXECUTING' AND lease_until < now()
-     ORDER BY lease_until
-     LIMIT %(reclaim_batch)s
-       FOR UPDATE SKIP LOCKED
-), due AS (
-    -- Expired leases first (they are the oldest work); the whole claim stays within the
-    -- caller's room under the in-flight cap. Rows locked above the limit are released
-    -- at commit, untouched.
-    SELECT id, status FROM (
-        SELECT id, status, 0 AS rank FROM expired UNION ALL SELECT id, status, 1 FROM fresh
-    ) candidates
-    ORDER BY rank
-    LIMIT %(batch)s
-), claimed AS (
-    UPDATE payments_scheduledpayment p
-       SET status = 'EXECUTING',
-           attempt = p.attempt + 1,
-           lease_until = now() + make_interval(secs => %(lease)s),
-           claimed_at = now(),
-           updated_at = now()
-      FROM due
-     WHERE p.id = due.id
- RETURNING p.id, p.attempt, due.status AS previous_status, p.execute_at
-), audit AS (
-    INSERT INTO payments_paymentevent
-           (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
-    SELECT id,
-           CASE WHEN previous_status = 'SCHEDULED' THEN 'claimed' ELSE 'reclaimed' END,
-           previous_status, 'EXECUTING', attempt, %(actor)s, '{}'::jsonb, now()
-      FROM claimed
-)
-SELECT id, attempt, previous_status, extract(epoch FROM now() - execute_at)::float8 AS lateness
-  FROM claimed ORDER BY execute_at, id
-"""
-
-# Live leases only. A row whose lease expired is not in flight: its message or worker is
-# gone, and it is exactly what the next claim must take again. Counting it would let a
-# lost window of messages (Redis restarted with the cap's worth queued) block the
-# promoter forever.
-IN_FLIGHT_SQL = (
-    "SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTING' AND lease_until >= now()"
-)
-
 
 @dataclass
 class Claim:
@@ -104,7 +55,7 @@ class TickResult:
 
 
 def claim_params(*, batch: int, lease_seconds: float, actor: str = "promoter") -> dict:
-    """CLAIM_SQL's parameters."""
+    """sql.CLAIM_DUE's parameters."""
     return {"batch": batch, "reclaim_batch": batch, "lease": float(lease_seconds), "actor": actor}
 
 
@@ -112,7 +63,7 @@ def claim_due(*, batch: int, lease_seconds: float, actor: str = "promoter") -> C
     """Claim up to ``batch`` due rows and up to ``batch`` expired leases. Commits."""
     claim = Claim()
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(CLAIM_SQL, claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor))
+        cur.execute(sql.CLAIM_DUE, claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor))
         for payment_id, attempt, previous, lateness in cur.fetchall():
             if previous == "SCHEDULED":
                 claim.fresh.append((payment_id, attempt))
@@ -124,7 +75,7 @@ def claim_due(*, batch: int, lease_seconds: float, actor: str = "promoter") -> C
 
 def count_in_flight() -> int:
     with connection.cursor() as cur:
-        cur.execute(IN_FLIGHT_SQL)
+        cur.execute(sql.COUNT_IN_FLIGHT)
         return cur.fetchone()[0]
 
 
@@ -139,10 +90,51 @@ def messages_for(claim: Claim) -> list[list[Pair]]:
     return messages
 
 
+def publish_messages(messages: Sequence[list[Pair]]) -> None:
+    """Publish every message of one claim over a single producer connection."""
+    with current_app.producer_or_acquire() as producer:
+        for pairs in messages:
+            current_app.send_task(EXECUTE_TASK, args=[pairs], producer=producer, retry=False)
+
+
+def execute_in_process(pairs: list[Pair]) -> None:
+    """Execute one message's batch here, in the promoter (the fallback when Redis is down)."""
+    run_batch([tuple(p) for p in pairs], worker=f"promoter:{worker_name()}")
+
+
+def promoter_run_tick() -> "TickResult":
+    """One beat tick (the promoter_tick task): generate due recurring occurrences, claim
+    due payments and publish them, then record the heartbeat, metrics and log lines."""
+    recurring_generate_due()
+    result = promoter_tick()
+    services.heartbeat_record(name=Heartbeat.PROMOTER)
+    metrics.record_tick(result)
+    for payment_id, attempt in result.reclaimed_pairs:
+        outcome_logger.info(
+            "payment reclaimed after its lease expired",
+            extra={"payment_id": payment_id, "attempt": attempt, "outcome": "reclaimed"},
+        )
+    if result.claimed:
+        logger.info(
+            "promoter tick",
+            extra={
+                "claimed": result.claimed,
+                "reclaimed": result.reclaimed,
+                "messages": result.messages,
+                "executed_in_process": result.executed_in_process,
+                "in_flight": result.in_flight,
+                "capped": result.capped,
+                "tick_ms": round(result.seconds * 1000, 1),
+                "max_dispatch_lateness_s": round(max(result.dispatch_lateness, default=0.0), 3),
+            },
+        )
+    return result
+
+
 def promoter_tick(
     *,
-    publish: Callable[[Sequence[list[Pair]]], None],
-    execute_in_process: Callable[[list[Pair]], None],
+    publish: Callable[[Sequence[list[Pair]]], None] = publish_messages,
+    execute_in_process: Callable[[list[Pair]], None] = execute_in_process,
     batch: int | None = None,
     lease_seconds: float | None = None,
     budget_seconds: float | None = None,

@@ -22,6 +22,7 @@ from django.db.models.lookups import Exact, In
 
 from ledger.models import Account
 
+from . import sql
 from .exceptions import PaymentCancelForbidden, PaymentNotFound, RecurringNotFound, StaffActionForbidden
 from .models import (
     TERMINAL_STATUSES,
@@ -169,19 +170,9 @@ class ScheduleHealth:
 def schedule_health() -> ScheduleHealth:
     """The lag numbers an operator watches, from the sweep's partial indexes."""
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0), count(*)
-              FROM payments_scheduledpayment WHERE status = 'SCHEDULED' AND execute_at <= now()
-            """
-        )
+        cur.execute(sql.SCHEDULE_LAG)
         age, overdue = cur.fetchone()
-        cur.execute(
-            """
-            SELECT count(*) FILTER (WHERE lease_until >= now()), count(*) FILTER (WHERE lease_until < now())
-              FROM payments_scheduledpayment WHERE status = 'EXECUTING'
-            """
-        )
+        cur.execute(sql.LEASE_COUNTS)
         in_flight, expired = cur.fetchone()
     return ScheduleHealth(max(float(age), 0.0), overdue, in_flight, expired)
 
@@ -197,19 +188,7 @@ def payment_counts_by_status() -> dict[str, int]:
 def payments_due_by_minute(*, minutes: int = 60) -> list[tuple[datetime, int]]:
     """SCHEDULED payments due in each of the next ``minutes`` minutes (zeros included)."""
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT m.minute, count(p.id)
-              FROM generate_series(date_trunc('minute', now()),
-                                   date_trunc('minute', now()) + make_interval(mins => %s - 1),
-                                   interval '1 minute') AS m(minute)
-              LEFT JOIN payments_scheduledpayment p
-                ON p.status = 'SCHEDULED'
-               AND p.execute_at >= greatest(m.minute, now()) AND p.execute_at < m.minute + interval '1 minute'
-             GROUP BY m.minute ORDER BY m.minute
-            """,
-            [minutes],
-        )
+        cur.execute(sql.DUE_BY_MINUTE, [minutes])
         return [(minute, n) for minute, n in cur.fetchall()]
 
 
@@ -226,15 +205,7 @@ class RecentOutcomes:
 def recent_outcomes(*, seconds: int = 3600) -> RecentOutcomes:
     """Executions and failures (by reason) in the last ``seconds``, from the event log."""
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT kind, coalesce(data->>'failure_reason', ''), count(*)
-              FROM payments_paymentevent
-             WHERE created_at >= now() - make_interval(secs => %s) AND kind IN ('executed', 'failed')
-             GROUP BY 1, 2
-            """,
-            [seconds],
-        )
+        cur.execute(sql.RECENT_OUTCOMES, [seconds])
         executed, failed = 0, {}
         for kind, reason, n in cur.fetchall():
             if kind == "executed":

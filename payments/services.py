@@ -12,6 +12,7 @@ from django.db.models.functions import Now
 
 from ledger.models import Account
 
+from . import sql
 from .exceptions import (
     PaymentNotCancellable,
     PaymentNotEditable,
@@ -32,7 +33,7 @@ def actor_label(user) -> str:
 def db_now() -> datetime:
     """The database clock: the only clock that decides what is due."""
     with connection.cursor() as cur:
-        cur.execute("SELECT now()")
+        cur.execute(sql.DB_NOW)
         return cur.fetchone()[0]
 
 
@@ -159,22 +160,6 @@ def payment_schedule(
     return payment
 
 
-# One statement: lock the row, capture the old values, and compare-and-set the new ones
-# (status still SCHEDULED, version as expected). Zero rows is a result to classify.
-UPDATE_SQL = """
-WITH old AS (
-    SELECT id, amount, execute_at, requested_execute_at, version
-      FROM payments_scheduledpayment WHERE id = %(id)s FOR UPDATE
-)
-UPDATE payments_scheduledpayment p
-   SET amount = %(amount)s, execute_at = %(execute_at)s, requested_execute_at = %(requested)s,
-       version = p.version + 1, updated_at = now()
-  FROM old
- WHERE p.id = old.id AND p.status = 'SCHEDULED' AND p.version = %(version)s
-RETURNING old.amount, old.execute_at, p.version
-"""
-
-
 def payment_update(
     *,
     payment_id: str,
@@ -213,7 +198,7 @@ def payment_update(
             )
             with connection.cursor() as cur:
                 cur.execute(
-                    UPDATE_SQL,
+                    sql.UPDATE_SCHEDULED,
                     {
                         "id": payment_id,
                         "amount": new_amount,

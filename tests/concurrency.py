@@ -1,7 +1,10 @@
+"""Helpers for races and for waiting on real processes (threads at a barrier, polls with a deadline)."""
+
 import threading
 import time
 from collections.abc import Callable
 
+import pytest
 from django.db import connections
 
 
@@ -107,3 +110,13 @@ def start_thread(call: Callable[[], object]) -> Callable[[], object]:
         return outcome["result"]
 
     return join
+
+
+def wait_until(predicate, *, timeout: float, stack=None, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    logs = "".join(f"\n--- {name}.log ---\n{stack.log(name)[-4000:]}" for name in stack.procs) if stack else ""
+    pytest.fail(f"timed out after {timeout}s waiting for {what}{logs}")

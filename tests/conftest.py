@@ -11,7 +11,7 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from delaypay.processes import Stack
+from devtools.processes import Stack
 from ledger.models import ISSUANCE_ACCOUNT_ID, Account
 
 from .factories import UserFactory
@@ -28,7 +28,7 @@ def pytest_sessionstart(session):
     """Production storage (WhiteNoise's manifest) needs collectstatic, as the release step
     runs. Always run (it only copies what changed) so a manifest from before an app
     with static files was added cannot go stale. At session start, before collection:
-    test_api_schemathesis.py builds the WSGI app when it is imported, and WhiteNoise
+    tests/payments/api/test_schemathesis.py builds the WSGI app when it is imported, and WhiteNoise
     warns (an error under -W error) when STATIC_ROOT does not exist yet."""
     call_command("collectstatic", interactive=False, verbosity=0)
 

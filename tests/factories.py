@@ -4,7 +4,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from delaypay.ids import new_id
+from common.ids import new_id
 from ledger.models import Account
 from ledger.services import ledger_deposit
 from payments.models import PaymentEvent, ScheduledPayment
@@ -94,3 +94,12 @@ def bulk_due_payments(*, source: Account, target: Account, count: int, amount: i
             """,
             {"payer": source.owner_id, "source": source.id, "target": target.id, "amount": amount, "count": count},
         )
+
+
+def claimed(*payments) -> list[tuple[str, int]]:
+    """Claim what is due (as the promoter would) and return the (id, attempt) pairs of ``payments``."""
+    from payments.promoter import claim_due
+
+    claim = claim_due(batch=1000, lease_seconds=60)
+    wanted = {p.id for p in payments}
+    return [pair for pair in claim.fresh + claim.reclaimed if pair[0] in wanted]

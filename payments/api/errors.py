@@ -1,6 +1,7 @@
 """One error shape everywhere: ``{"code": "<snake_case>", "detail": "<sentence>", ...}``.
 
-Domain exceptions and DRF's own exceptions are mapped to HTTP here and only here.
+Domain exceptions and DRF's own exceptions are mapped to HTTP here and only here: the
+domain raises exceptions with a stable ``code``; ``DOMAIN_STATUSES`` gives each its status.
 """
 
 import logging
@@ -12,7 +13,20 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from payments.exceptions import DomainError
+from ledger.services import DepositRefused
+from payments.exceptions import (
+    AccountNotFound,
+    DomainError,
+    IdempotencyKeyInUse,
+    IdempotencyKeyReused,
+    PaymentNotCancellable,
+    PaymentNotEditable,
+    PaymentNotFound,
+    RecurringNotFound,
+    RecurringStateError,
+    StaffActionForbidden,
+    VersionMismatch,
+)
 
 from .parsers import PayloadTooLarge
 
@@ -47,6 +61,30 @@ ERROR_CODES: dict[str, str] = {
 
 ERROR_CODE_CHOICES = list(ERROR_CODES.items())
 
+# Domain exception -> HTTP status, the first isinstance match wins: most specific first.
+DOMAIN_STATUSES: list[tuple[type[Exception], int]] = [
+    (StaffActionForbidden, status.HTTP_403_FORBIDDEN),  # and PaymentCancelForbidden
+    (PaymentNotFound, status.HTTP_404_NOT_FOUND),
+    (AccountNotFound, status.HTTP_404_NOT_FOUND),
+    (RecurringNotFound, status.HTTP_404_NOT_FOUND),
+    (PaymentNotCancellable, status.HTTP_409_CONFLICT),
+    (PaymentNotEditable, status.HTTP_409_CONFLICT),
+    (RecurringStateError, status.HTTP_409_CONFLICT),
+    (IdempotencyKeyReused, status.HTTP_409_CONFLICT),
+    (IdempotencyKeyInUse, status.HTTP_409_CONFLICT),
+    (DepositRefused, status.HTTP_409_CONFLICT),
+    (VersionMismatch, status.HTTP_412_PRECONDITION_FAILED),
+    # Everything else is the client's to fix: validation, a missing or malformed
+    # Idempotency-Key, wrong credentials.
+    (DomainError, status.HTTP_400_BAD_REQUEST),
+]
+
+
+def domain_status(exc: Exception) -> int | None:
+    """The HTTP status of a domain exception; None for anything else."""
+    return next((http_status for cls, http_status in DOMAIN_STATUSES if isinstance(exc, cls)), None)
+
+
 _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
     (PayloadTooLarge, "payload_too_large"),
     (exceptions.NotAuthenticated, "not_authenticated"),
@@ -79,9 +117,11 @@ def error_body(code: str, detail: str, **extra) -> dict:
 
 def exception_handler(exc, context):
     """DRF EXCEPTION_HANDLER: every error leaves as the one shape."""
-    if isinstance(exc, DomainError):
+    http_status = domain_status(exc)
+    if http_status is not None:
         set_rollback()
-        return Response(error_body(exc.code, exc.detail, **exc.extra), status=exc.http_status)
+        # The ledger's DepositRefused has a code and a detail but no extra fields.
+        return Response(error_body(exc.code, exc.detail, **getattr(exc, "extra", {})), status=http_status)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     if not isinstance(exc, exceptions.APIException):

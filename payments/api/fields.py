@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from payments.recurrence import RuleError, parse_interval
+from payments.rules import RuleError, parse_interval
 
 # RFC 3339 section 5.6 date-time: full date, "T", full time with seconds, optional
 # fraction, and a mandatory offset. Python's fromisoformat also takes week dates, basic

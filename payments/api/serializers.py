@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from ledger.models import Account, Transfer
 from payments.models import ExecutionAttempt, PaymentStatus, RecurringPayment, RecurringStatus, ScheduledPayment
-from payments.recurrence import MAX_COUNT
+from payments.rules import MAX_COUNT
 from payments.services import MAX_JITTER_SECONDS
 
 from .fields import StrictCharField, StrictDateTimeField, StrictDurationField, StrictIntegerField, format_utc

@@ -1,7 +1,7 @@
 from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from . import views
+from . import accounts, auth, payments, recurring
 
 
 class PublicIdConverter:
@@ -19,26 +19,36 @@ class PublicIdConverter:
 register_converter(PublicIdConverter, "public_id")
 
 urlpatterns = [
-    path("auth/token", views.TokenView.as_view(), name="auth-token"),
-    path("accounts", views.AccountListCreateView.as_view(), name="account-list"),
-    path("accounts/<public_id:account_id>", views.AccountDetailView.as_view(), name="account-detail"),
-    path("accounts/<public_id:account_id>/deposits", views.DepositView.as_view(), name="account-deposits"),
-    path("accounts/<public_id:account_id>/payments", views.AccountPaymentListView.as_view(), name="account-payments"),
+    path("auth/token", auth.TokenView.as_view(), name="auth-token"),
+    path("accounts", accounts.AccountListCreateView.as_view(), name="account-list"),
+    path("accounts/<public_id:account_id>", accounts.AccountDetailView.as_view(), name="account-detail"),
+    path("accounts/<public_id:account_id>/deposits", accounts.DepositView.as_view(), name="account-deposits"),
     path(
-        "accounts/<public_id:account_id>/transfers", views.AccountTransferListView.as_view(), name="account-transfers"
-    ),
-    path("payments", views.PaymentListCreateView.as_view(), name="payment-list"),
-    path("payments/<public_id:payment_id>", views.PaymentDetailView.as_view(), name="payment-detail"),
-    path("recurring-payments", views.RecurringListCreateView.as_view(), name="recurring-list"),
-    path(
-        "recurring-payments/<public_id:recurring_id>", views.RecurringDetailView.as_view(), name="recurring-detail"
+        "accounts/<public_id:account_id>/payments",
+        accounts.AccountPaymentListView.as_view(),
+        name="account-payments",
     ),
     path(
-        "recurring-payments/<public_id:recurring_id>/pause", views.RecurringPauseView.as_view(), name="recurring-pause"
+        "accounts/<public_id:account_id>/transfers",
+        accounts.AccountTransferListView.as_view(),
+        name="account-transfers",
+    ),
+    path("payments", payments.PaymentListCreateView.as_view(), name="payment-list"),
+    path("payments/<public_id:payment_id>", payments.PaymentDetailView.as_view(), name="payment-detail"),
+    path("recurring-payments", recurring.RecurringListCreateView.as_view(), name="recurring-list"),
+    path(
+        "recurring-payments/<public_id:recurring_id>",
+        recurring.RecurringDetailView.as_view(),
+        name="recurring-detail",
+    ),
+    path(
+        "recurring-payments/<public_id:recurring_id>/pause",
+        recurring.RecurringPauseView.as_view(),
+        name="recurring-pause",
     ),
     path(
         "recurring-payments/<public_id:recurring_id>/resume",
-        views.RecurringResumeView.as_view(),
+        recurring.RecurringResumeView.as_view(),
         name="recurring-resume",
     ),
     path("schema", SpectacularAPIView.as_view(), name="schema"),

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from delaypay.logs import JsonFormatter, TextFormatter, request_id_var
-from payments import tasks
+from payments import tasks, worker
 from payments.promoter import claim_due
 from tests.conftest import flush_test_redis
 from tests.factories import PASSWORD, UserFactory, due_payment, expire_lease, funded_account
@@ -141,7 +141,7 @@ def test_workers_log_each_outcome_with_payment_attempt_worker_and_timing(caplog)
     ok = due_payment(source=rich, target=target, amount=5)
     failing = due_payment(source=poor, target=target, amount=5)
     pairs = claim_due(batch=10, lease_seconds=60).fresh
-    tasks.run_batch([*pairs, (ok.id, 99)], worker="host:1")
+    worker.run_batch([*pairs, (ok.id, 99)], worker="host:1")
 
     lines = {(r.getMessage(), getattr(r, "payment_id", None)): r for r in caplog.records}
     executed = lines[("payment executed", ok.id)]

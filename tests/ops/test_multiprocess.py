@@ -12,11 +12,11 @@ import urllib.request
 import pytest
 from django.conf import settings
 
-from payments import metrics, tasks
+from payments import metrics, promoter, worker
 from payments.models import PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due, messages_for
+from tests.concurrency import wait_until
 from tests.factories import due_payment, funded_account
-from tests.test_e2e import wait_until
 
 from .scrape import delta, scrape
 
@@ -40,7 +40,7 @@ def test_a_worker_process_and_this_process_report_through_one_scrape(celery_stac
     before, own_before = scrape(), own_count("executed")
 
     celery_stack.start_worker(concurrency=1)
-    tasks.publish_messages(messages_for(claim))
+    promoter.publish_messages(messages_for(claim))
     wait_until(
         lambda: ScheduledPayment.objects.filter(
             pk__in=[p.id for p in for_worker], status=PaymentStatus.EXECUTED
@@ -49,7 +49,7 @@ def test_a_worker_process_and_this_process_report_through_one_scrape(celery_stac
     )
     # And one batch applied here, in the test process.
     mine = due_payment(source=a, target=b, amount=1)
-    tasks.run_batch(claim_due(batch=10, lease_seconds=60).fresh)
+    worker.run_batch(claim_due(batch=10, lease_seconds=60).fresh)
     assert ScheduledPayment.objects.get(pk=mine.id).status == PaymentStatus.EXECUTED
 
     during = scrape()

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from delaypay.admin_tools import EstimatedCountPaginator
+from common.admin_tools import EstimatedCountPaginator
 from ledger.models import Transfer
 from payments.execution import execute_batch
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
@@ -256,11 +256,11 @@ def test_large_results_show_an_estimate_instead_of_counting_every_row(accounts, 
     a, b = accounts
     for _ in range(6):
         future_payment(source=a, target=b)
-    monkeypatch.setattr("delaypay.admin_tools.EXACT_COUNT_LIMIT", 3)
+    monkeypatch.setattr("common.admin_tools.EXACT_COUNT_LIMIT", 3)
     paginator = EstimatedCountPaginator(ScheduledPayment.objects.order_by("id"), 2)
     assert paginator.count >= 4
     assert paginator.estimated
-    monkeypatch.setattr("delaypay.admin_tools.EXACT_COUNT_LIMIT", 100)
+    monkeypatch.setattr("common.admin_tools.EXACT_COUNT_LIMIT", 100)
     exact = EstimatedCountPaginator(ScheduledPayment.objects.order_by("id"), 2)
     assert (exact.count, exact.estimated) == (6, False)
 

@@ -7,9 +7,9 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import timezone
 
-from delaypay.admin_tools import LatestRowsInlineFormSet
+from common.admin_tools import LatestRowsInlineFormSet
 from payments.models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
-from payments.recurring import recurring_create, recurring_end, recurring_generate_due
+from payments.series import recurring_create, recurring_end, recurring_generate_due
 from payments.services import payment_schedule
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, funded_account

@@ -8,9 +8,10 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from payments.bench import loader
-from payments.execution import FINISH_SQL, LOCK_SQL, _fenced
-from payments.promoter import CLAIM_SQL, claim_due, claim_params
+from devtools.bench import loader
+from payments import sql
+from payments.execution import fence_params
+from payments.promoter import claim_due, claim_params
 
 pytestmark = pytest.mark.django_db
 
@@ -43,8 +44,8 @@ def test_fence_and_cas_look_payments_up_by_primary_key_under_stale_statistics():
     pairs = claims[-1].fresh
     ids, attempts = [p[0] for p in pairs], [p[1] for p in pairs]
 
-    lock_scans = scans_of_payments(plan_nodes(LOCK_SQL, _fenced(ids, attempts)))
-    finish_scans = scans_of_payments(plan_nodes(FINISH_SQL, _fenced(
+    lock_scans = scans_of_payments(plan_nodes(sql.LOCK_FENCED, fence_params(ids, attempts)))
+    finish_scans = scans_of_payments(plan_nodes(sql.FINISH_FENCED, fence_params(
         ids, attempts, statuses=["EXECUTED"] * len(ids), reasons=[""] * len(ids),
         executed_ats=[timezone.now()] * len(ids),
     )))
@@ -88,7 +89,7 @@ def test_the_claim_reads_only_its_partial_indexes_under_stale_statistics():
     with connection.cursor() as cur:
         cur.execute("ANALYZE payments_scheduledpayment")  # statistics: every row SCHEDULED
     claim_due(batch=2500, lease_seconds=60)
-    scans = scans_of_payments(plan_nodes(CLAIM_SQL, claim_params(batch=500, lease_seconds=60, actor="t")))
+    scans = scans_of_payments(plan_nodes(sql.CLAIM_DUE, claim_params(batch=500, lease_seconds=60, actor="t")))
     indexes = {index for _node, index in scans if index}
     assert "payments_due_idx" in indexes
     assert indexes <= {"payments_due_idx", "payments_lease_idx", "payments_scheduledpayment_pkey"}

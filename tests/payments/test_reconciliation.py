@@ -192,7 +192,7 @@ def test_daily_task_logs_every_violation_at_error(history, caplog):
     ScheduledPayment.objects.filter(pk=history["in_flight"].id).update(
         status="EXECUTED", executed_at=timezone.now()
     )
-    with caplog.at_level(logging.INFO, logger="payments.tasks"):
+    with caplog.at_level(logging.INFO, logger="payments.reconciliation"):
         assert tasks.reconcile_daily()["ok"] is False
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("executed_without_transfer" in m and history["in_flight"].id in m for m in errors)

@@ -4,12 +4,13 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from ledger.models import Account
+from ledger.models import Account, Transfer
 from ledger.services import account_set_status
-from payments.exceptions import PaymentNotCancellable, PaymentValidationError
+from payments.exceptions import PaymentNotCancellable, PaymentNotEditable, PaymentValidationError, VersionMismatch
+from payments.execution import execute_batch
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due
-from payments.services import payment_cancel, payment_schedule
+from payments.services import payment_cancel, payment_schedule, payment_update
 from tests.factories import UserFactory, due_payment, funded_account
 
 pytestmark = pytest.mark.django_db
@@ -139,3 +140,97 @@ def test_money_fields_are_frozen_once_claimed():
     claim_due(batch=10, lease_seconds=60)
     with pytest.raises(IntegrityError, match="frozen"), transaction.atomic(), connection.cursor() as cur:
         cur.execute("UPDATE payments_scheduledpayment SET amount = 2")
+
+
+def schedule_later(source, target, **kwargs):
+    kwargs.setdefault("amount", 10)
+    kwargs.setdefault("execute_at", timezone.now() + timedelta(hours=1))
+    return payment_schedule(payer=source.owner, from_account_id=source.id, to_account_id=target.id, **kwargs)
+
+
+# --- update (PATCH) --------------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_update_changes_amount_and_time_bumps_version_and_records_old_and_new():
+    a, b = funded_account(), funded_account()
+    payment = schedule_later(a, b)
+    later = payment.execute_at + timedelta(days=1)
+    updated = payment_update(payment_id=payment.id, actor=a.owner, amount=99, execute_at=later)
+    assert (updated.amount, updated.execute_at, updated.version) == (99, later, payment.version + 1)
+    event = PaymentEvent.objects.get(payment=payment, kind="updated")
+    assert event.data["old"]["amount"] == 10 and event.data["new"]["amount"] == 99
+    assert event.data["new"]["execute_at"] == later.isoformat()
+
+
+@pytest.mark.django_db
+def test_update_with_stale_version_is_refused():
+    a, b = funded_account(), funded_account()
+    payment = schedule_later(a, b)
+    payment_update(payment_id=payment.id, actor=a.owner, amount=11)
+    with pytest.raises(VersionMismatch) as err:
+        payment_update(payment_id=payment.id, actor=a.owner, amount=12, expected_version=payment.version)
+    assert err.value.version == payment.version + 1
+    assert ScheduledPayment.objects.get(pk=payment.id).amount == 11
+
+
+@pytest.mark.django_db
+def test_update_is_idempotent_under_retries():
+    a, b = funded_account(), funded_account()
+    payment = schedule_later(a, b)
+    first = payment_update(payment_id=payment.id, actor=a.owner, amount=50, expected_version=payment.version)
+    again = payment_update(payment_id=payment.id, actor=a.owner, amount=50, expected_version=payment.version)
+    assert again.version == first.version
+    assert PaymentEvent.objects.filter(payment=payment, kind="updated").count() == 1
+
+
+@pytest.mark.django_db
+def test_update_after_claim_is_refused():
+    a, b = funded_account(), funded_account()
+    payment = due_payment(source=a, target=b, amount=1)
+    claim_due(batch=10, lease_seconds=60)
+    with pytest.raises(PaymentNotEditable) as err:
+        payment_update(payment_id=payment.id, actor=a.owner, amount=2)
+    assert err.value.status == PaymentStatus.EXECUTING
+
+
+@pytest.mark.django_db
+def test_update_validates_like_create():
+    a, b = funded_account(), funded_account()
+    payment = schedule_later(a, b)
+    with pytest.raises(PaymentValidationError) as err:
+        payment_update(payment_id=payment.id, actor=a.owner, amount=0, execute_at=timezone.now() - timedelta(1))
+    assert set(err.value.fields) == {"amount", "execute_at"}
+
+
+# --- jitter and the overdue policy ------------------------------------------------------
+
+@pytest.mark.django_db
+def test_jitter_draws_within_the_window_never_earlier():
+    a, b = funded_account(), funded_account()
+    requested = timezone.now() + timedelta(hours=1)
+    draws = [schedule_later(a, b, execute_at=requested, jitter_seconds=60) for _ in range(30)]
+    assert all(requested <= p.execute_at <= requested + timedelta(seconds=60) for p in draws)
+    assert all(p.requested_execute_at == requested for p in draws)
+    assert len({p.execute_at for p in draws}) > 1
+    assert schedule_later(a, b, execute_at=requested).execute_at == requested
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("jitter", [-1, 3601, 1.5])
+def test_jitter_out_of_range_is_rejected(jitter):
+    a, b = funded_account(), funded_account()
+    with pytest.raises(PaymentValidationError) as err:
+        schedule_later(a, b, jitter_seconds=jitter)
+    assert "jitter_seconds" in err.value.fields
+
+
+@pytest.mark.django_db
+def test_payment_past_its_expiry_fails_expired_and_moves_nothing():
+    a, b = funded_account(balance=100), funded_account()
+    late = due_payment(source=a, target=b, amount=10, seconds_ago=120)
+    ScheduledPayment.objects.filter(pk=late.id).update(expires_after=timedelta(seconds=60))
+    patient = due_payment(source=a, target=b, amount=10, seconds_ago=120)  # default: run late
+    result = execute_batch(pairs=claim_due(batch=10, lease_seconds=60).fresh)
+    assert result.failed == {late.id: "expired"}
+    assert result.executed == [patient.id]
+    assert not Transfer.objects.filter(key=late.id).exists()

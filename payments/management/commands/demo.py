@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
-from delaypay.ids import new_id
+from common.ids import new_id
 from ledger.models import Account
 from ledger.services import account_create, ledger_deposit
 from payments.services import payment_cancel, payment_schedule

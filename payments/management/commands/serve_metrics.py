@@ -11,7 +11,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from django.core.management.base import BaseCommand, CommandError
 from prometheus_client import make_wsgi_app
 
-from delaypay import prometheus
+from common import prometheus
 
 
 class _QuietHandler(WSGIRequestHandler):

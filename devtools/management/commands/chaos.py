@@ -6,7 +6,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from delaypay import chaos
+from devtools import chaos
 
 
 class Command(BaseCommand):

@@ -33,9 +33,9 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 
-from delaypay.ids import new_id
-from delaypay.processes import Stack
-from delaypay.sandbox import PrivatePostgres, PrivateRedis, pick_port
+from common.ids import new_id
+from devtools.processes import Stack
+from devtools.sandbox import PrivatePostgres, PrivateRedis, pick_port
 from ledger.models import Account
 from ledger.services import Posting, ledger_post_batch
 from payments.exceptions import PaymentNotCancellable
@@ -44,7 +44,7 @@ from payments.reconciliation import reconcile
 from payments.services import db_now, payment_cancel
 from payments.tasks import execute_batch
 
-logger = logging.getLogger("delaypay.chaos")
+logger = logging.getLogger("devtools.chaos")
 
 DB_ERRORS = (OperationalError, InterfaceError)
 

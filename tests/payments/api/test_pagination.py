@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from delaypay.ids import new_id
+from common.ids import new_id
 from ledger.services import ledger_deposit
 from payments.models import PaymentStatus, ScheduledPayment
 from tests.api import assert_error

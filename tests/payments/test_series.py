@@ -1,15 +1,15 @@
+"""Recurring payments (payments/series.py): generation, pause, resume, end, update."""
+
 import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from ledger.models import Transfer
-from payments.exceptions import PaymentNotEditable, PaymentValidationError, RecurringStateError, VersionMismatch
-from payments.execution import execute_batch
-from payments.models import PaymentEvent, PaymentStatus, RecurringEvent, RecurringPayment, ScheduledPayment
+from payments.exceptions import PaymentValidationError, RecurringStateError, VersionMismatch
+from payments.models import PaymentStatus, RecurringEvent, RecurringPayment, ScheduledPayment
 from payments.promoter import claim_due
-from payments.recurring import (
+from payments.series import (
     recurring_create,
     recurring_end,
     recurring_generate_due,
@@ -17,104 +17,8 @@ from payments.recurring import (
     recurring_resume,
     recurring_update,
 )
-from payments.services import payment_schedule, payment_update
 from tests.concurrency import run_concurrently
 from tests.factories import due_payment, funded_account
-
-
-def schedule(source, target, **kwargs):
-    kwargs.setdefault("amount", 10)
-    kwargs.setdefault("execute_at", timezone.now() + timedelta(hours=1))
-    return payment_schedule(payer=source.owner, from_account_id=source.id, to_account_id=target.id, **kwargs)
-
-
-# --- update (PATCH) --------------------------------------------------------------------
-
-@pytest.mark.django_db
-def test_update_changes_amount_and_time_bumps_version_and_records_old_and_new():
-    a, b = funded_account(), funded_account()
-    payment = schedule(a, b)
-    later = payment.execute_at + timedelta(days=1)
-    updated = payment_update(payment_id=payment.id, actor=a.owner, amount=99, execute_at=later)
-    assert (updated.amount, updated.execute_at, updated.version) == (99, later, payment.version + 1)
-    event = PaymentEvent.objects.get(payment=payment, kind="updated")
-    assert event.data["old"]["amount"] == 10 and event.data["new"]["amount"] == 99
-    assert event.data["new"]["execute_at"] == later.isoformat()
-
-
-@pytest.mark.django_db
-def test_update_with_stale_version_is_refused():
-    a, b = funded_account(), funded_account()
-    payment = schedule(a, b)
-    payment_update(payment_id=payment.id, actor=a.owner, amount=11)
-    with pytest.raises(VersionMismatch) as err:
-        payment_update(payment_id=payment.id, actor=a.owner, amount=12, expected_version=payment.version)
-    assert err.value.version == payment.version + 1
-    assert ScheduledPayment.objects.get(pk=payment.id).amount == 11
-
-
-@pytest.mark.django_db
-def test_update_is_idempotent_under_retries():
-    a, b = funded_account(), funded_account()
-    payment = schedule(a, b)
-    first = payment_update(payment_id=payment.id, actor=a.owner, amount=50, expected_version=payment.version)
-    again = payment_update(payment_id=payment.id, actor=a.owner, amount=50, expected_version=payment.version)
-    assert again.version == first.version
-    assert PaymentEvent.objects.filter(payment=payment, kind="updated").count() == 1
-
-
-@pytest.mark.django_db
-def test_update_after_claim_is_refused():
-    a, b = funded_account(), funded_account()
-    payment = due_payment(source=a, target=b, amount=1)
-    claim_due(batch=10, lease_seconds=60)
-    with pytest.raises(PaymentNotEditable) as err:
-        payment_update(payment_id=payment.id, actor=a.owner, amount=2)
-    assert err.value.status == PaymentStatus.EXECUTING
-
-
-@pytest.mark.django_db
-def test_update_validates_like_create():
-    a, b = funded_account(), funded_account()
-    payment = schedule(a, b)
-    with pytest.raises(PaymentValidationError) as err:
-        payment_update(payment_id=payment.id, actor=a.owner, amount=0, execute_at=timezone.now() - timedelta(1))
-    assert set(err.value.fields) == {"amount", "execute_at"}
-
-
-# --- jitter and the overdue policy ------------------------------------------------------
-
-@pytest.mark.django_db
-def test_jitter_draws_within_the_window_never_earlier():
-    a, b = funded_account(), funded_account()
-    requested = timezone.now() + timedelta(hours=1)
-    draws = [schedule(a, b, execute_at=requested, jitter_seconds=60) for _ in range(30)]
-    assert all(requested <= p.execute_at <= requested + timedelta(seconds=60) for p in draws)
-    assert all(p.requested_execute_at == requested for p in draws)
-    assert len({p.execute_at for p in draws}) > 1
-    assert schedule(a, b, execute_at=requested).execute_at == requested
-
-
-@pytest.mark.django_db
-@pytest.mark.parametrize("jitter", [-1, 3601, 1.5])
-def test_jitter_out_of_range_is_rejected(jitter):
-    a, b = funded_account(), funded_account()
-    with pytest.raises(PaymentValidationError) as err:
-        schedule(a, b, jitter_seconds=jitter)
-    assert "jitter_seconds" in err.value.fields
-
-
-@pytest.mark.django_db
-def test_payment_past_its_expiry_fails_expired_and_moves_nothing():
-    a, b = funded_account(balance=100), funded_account()
-    late = due_payment(source=a, target=b, amount=10, seconds_ago=120)
-    ScheduledPayment.objects.filter(pk=late.id).update(expires_after=timedelta(seconds=60))
-    patient = due_payment(source=a, target=b, amount=10, seconds_ago=120)  # default: run late
-    result = execute_batch(pairs=claim_due(batch=10, lease_seconds=60).fresh)
-    assert result.failed == {late.id: "expired"}
-    assert result.executed == [patient.id]
-    assert not Transfer.objects.filter(key=late.id).exists()
-
 
 # --- recurring payments -----------------------------------------------------------------
 
@@ -322,7 +226,7 @@ def test_resume_records_as_skipped_only_what_the_pause_missed():
 def test_generation_skips_only_a_duplicate_occurrence_never_another_integrity_error(monkeypatch):
     from django.db import IntegrityError
 
-    from payments import recurring as recurring_module
+    from payments import series as series_module
 
     a, b = funded_account(), funded_account()
     long_ago = timezone.now() - timedelta(hours=1)
@@ -333,7 +237,7 @@ def test_generation_skips_only_a_duplicate_occurrence_never_another_integrity_er
     def violates_a_check(**kwargs):
         raise IntegrityError("new row violates check constraint")
 
-    monkeypatch.setattr(recurring_module, "create_payment_row", violates_a_check)
+    monkeypatch.setattr(series_module, "create_payment_row", violates_a_check)
     assert recurring_generate_due() == 0
     # Not mistaken for "already exists": the schedule did not move past the occurrence.
     assert RecurringPayment.objects.get(pk=rec.pk).next_occurrence_at == before

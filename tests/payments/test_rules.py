@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from payments.recurrence import (
+from payments.rules import (
     Rule,
     RuleError,
     next_occurrence,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from delaypay.sandbox import PrivateRedis, pick_port
-from payments.bench import report
-from payments.bench.naive import use_broker
-from payments.bench.scenarios import RUNNERS, SCENARIOS, BenchError, Options, machine
+from devtools.bench import report
+from devtools.bench.naive import use_broker
+from devtools.bench.scenarios import RUNNERS, SCENARIOS, BenchError, Options, machine
+from devtools.sandbox import PrivateRedis, pick_port
 
 
 class Command(BaseCommand):
@@ -117,21 +117,21 @@ class Command(BaseCommand):
         """Fail before minutes of loading, not after, when a tool the options need is missing."""
         try:
             if opts["chart"]:
-                from payments.bench.chart import pyplot
+                from devtools.bench.chart import pyplot
 
                 pyplot()
             if opts["profile"]:
-                from payments.bench.profile import py_spy
+                from devtools.bench.profile import py_spy
 
                 py_spy()
-            from payments.bench.rss import psutil_module
+            from devtools.bench.rss import psutil_module
 
             psutil_module()
         except RuntimeError as exc:
             raise CommandError(str(exc)) from exc
 
     def _chart(self, run: dict, path: Path, *, single: bool) -> None:
-        from payments.bench.chart import chart
+        from devtools.bench.chart import chart
 
         target = path if single else path.with_name(f"{path.stem}-{run['scenario']}{path.suffix or '.png'}")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,7 @@ class Command(BaseCommand):
         self.stdout.write(f"chart written to {target}")
 
     def _profile_summary(self, files: list[str]) -> dict:
-        from payments.bench.profile import parse_collapsed, summarize
+        from devtools.bench.profile import parse_collapsed, summarize
 
         stacks = None
         for name in files:

@@ -5,9 +5,9 @@ from django.db import connection
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
+from devtools.bench import loader
+from devtools.bench.check import check_run
 from ledger.models import ISSUANCE_ACCOUNT_ID, Account, Transfer
-from payments.bench import loader
-from payments.bench.check import check_run
 from payments.execution import execute_batch
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due

@@ -3,7 +3,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from ledger.models import Account
+from ledger.models import ISSUANCE_ACCOUNT_ID, Account, Transfer
+from ledger.services import account_set_status
 from payments.execution import execute_batch
 from payments.models import IdempotencyKey, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due
@@ -63,6 +64,36 @@ def test_deposit_is_staff_only_and_idempotent(api, staff_api, user):
     assert replay["Idempotent-Replayed"] == "true"
     account.refresh_from_db()
     assert account.balance == 10
+
+
+def test_a_deposit_answers_its_ledger_key_and_the_balance_right_after(staff_api):
+    account = funded_account(balance=7)
+    response = post(staff_api, f"/api/v1/accounts/{account.id}/deposits", {"amount": 10}, key="d1")
+    assert response.status_code == 201
+    body = response.json()
+    transfer = Transfer.objects.get(key=body["deposit_id"])
+    assert body["deposit_id"].startswith("dep_") and transfer.credit_account_id == account.id
+    assert list(body) == ["deposit_id", "account_id", "amount", "balance", "created_at"]
+    assert (body["account_id"], body["amount"], body["balance"]) == (account.id, 10, 17)
+    assert body["created_at"] == transfer.created_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def test_a_deposit_into_a_system_account_is_409_before_the_key_or_the_body_is_read(staff_api):
+    url = f"/api/v1/accounts/{ISSUANCE_ACCOUNT_ID}/deposits"
+    for response in (post(staff_api, url, {"amount": 5}), post(staff_api, url, {"amount": 0}, key="k")):
+        assert response.status_code == 409
+        assert response.json() == {"code": "deposit_rejected", "detail": "Deposits go to user accounts only."}
+    assert not Transfer.objects.exists() and not IdempotencyKey.objects.exists()
+
+
+def test_a_deposit_into_a_closed_account_is_409_and_keeps_no_key(staff_api):
+    account = funded_account()
+    account_set_status(account_id=account.id, status=Account.Status.CLOSED)
+    response = post(staff_api, f"/api/v1/accounts/{account.id}/deposits", {"amount": 5}, key="d1")
+    assert response.status_code == 409
+    assert response.json() == {"code": "deposit_rejected", "detail": "The deposit was rejected: account_closed."}
+    assert not Transfer.objects.filter(credit_account_id=account.id).exists()
+    assert not IdempotencyKey.objects.exists()
 
 
 def test_schedule_payment_and_replay(api, user):

@@ -5,6 +5,7 @@ import logging
 import pytest
 from rest_framework import exceptions as drf_exceptions
 
+from ledger.services import DepositRefused
 from payments import exceptions as domain
 from payments.api import errors
 from payments.api.parsers import PayloadTooLarge
@@ -61,7 +62,7 @@ def test_a_disallowed_host_is_djangos_400_in_the_error_shape(api):
     assert_error(api.get("/api/v1/accounts", HTTP_HOST="evil.example"), 400, "bad_request")
 
 
-@pytest.mark.urls("tests.payments.urls_broken")
+@pytest.mark.urls("tests.payments.api.urls_broken")
 def test_an_unhandled_error_is_a_500_in_the_error_shape(caplog):
     client = client_for(None)
     client.raise_request_exception = False
@@ -78,11 +79,44 @@ def _subclasses(cls):
 
 def test_every_code_the_code_base_raises_is_in_the_published_catalog():
     raised = {c.code for c in _subclasses(domain.DomainError)} | {code for _, code in errors._DRF_CODES}
+    raised.add(DepositRefused.code)
     raised |= {"bad_request", "server_error", PayloadTooLarge.default_code}
     assert raised <= set(errors.ERROR_CODES), raised - set(errors.ERROR_CODES)
     # Every DRF exception a view can raise maps to a specific code, never the fallback.
     for exc in (drf_exceptions.NotAuthenticated, drf_exceptions.Throttled, drf_exceptions.ParseError):
         assert errors.exception_handler(exc(), {}).data["code"] != "error"
+
+
+DOMAIN_ERRORS = [
+    (domain.PaymentValidationError({"amount": ["Too big."]}), 400),
+    (domain.IdempotencyKeyRequired(), 400),
+    (domain.IdempotencyKeyInvalid(), 400),
+    (domain.InvalidCredentials(), 400),
+    (domain.StaffActionForbidden(), 403),
+    (domain.PaymentCancelForbidden(), 403),
+    (domain.PaymentNotFound(), 404),
+    (domain.AccountNotFound(), 404),
+    (domain.RecurringNotFound(), 404),
+    (domain.PaymentNotCancellable("EXECUTED"), 409),
+    (domain.PaymentNotEditable("EXECUTING"), 409),
+    (domain.RecurringStateError("ENDED"), 409),
+    (domain.IdempotencyKeyReused(), 409),
+    (domain.IdempotencyKeyInUse(), 409),
+    (DepositRefused("The deposit was rejected: account_closed.", reason="account_closed"), 409),
+    (domain.VersionMismatch(3), 412),
+]
+
+
+@pytest.mark.parametrize(("exc", "status"), DOMAIN_ERRORS, ids=lambda v: type(v).__name__)
+def test_each_domain_exception_leaves_with_its_status_code_and_fields(exc, status):
+    response = errors.exception_handler(exc, {})
+    assert response.status_code == status
+    assert response.data == {"code": exc.code, "detail": exc.detail, **getattr(exc, "extra", {})}
+
+
+def test_every_domain_exception_has_its_status_in_the_one_mapping():
+    assert {type(exc) for exc, _ in DOMAIN_ERRORS} == set(_subclasses(domain.DomainError)) | {DepositRefused}
+    assert not hasattr(domain.DomainError, "http_status")  # HTTP lives in payments/api/errors.py only
 
 
 # --- throttling -----------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from delaypay.processes import BASE_DIR, Stack, database_url
-from delaypay.sandbox import PrivateRedis, pick_port
+from devtools.processes import BASE_DIR, Stack, database_url
+from devtools.sandbox import PrivateRedis, pick_port
 from payments.models import ExecutionAttempt, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
 from tests.factories import due_payment, funded_account

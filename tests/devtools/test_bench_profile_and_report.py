@@ -1,5 +1,5 @@
-from payments.bench.profile import parse_collapsed, summarize
-from payments.bench.report import target_results
+from devtools.bench.profile import parse_collapsed, summarize
+from devtools.bench.report import target_results
 
 ROOT = 'process 1:"celery";main (celery/bin/celery.py:10)'
 TASK = "execute_batch (payments/tasks.py:5)"

@@ -6,7 +6,7 @@ delaypay (``ledger_post_batch``, one posting) and moves the payment's status, on
 transaction per payment. No lease, no fence, no audit rows: that is the point.
 
 Not in ``CELERY_TASK_ROUTES`` and never imported by a production process: only the
-benchmark's naive worker loads it (``celery worker --include payments.bench.naive_tasks``).
+benchmark's naive worker loads it (``celery worker --include devtools.bench.naive_tasks``).
 """
 
 from celery import shared_task

@@ -5,8 +5,8 @@ import socket
 
 import pytest
 
-from delaypay.chaos import MINIMUM_FAULTS, Options, fault_plan, plan_digest
-from delaypay.sandbox import pick_port
+from devtools.chaos import MINIMUM_FAULTS, Options, fault_plan, plan_digest
+from devtools.sandbox import pick_port
 
 
 def test_a_seed_replays_the_same_fault_schedule():

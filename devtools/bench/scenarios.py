@@ -1,6 +1,6 @@
 """The benchmark's scenarios. Each returns a JSON-able dict of figures.
 
-Every timed scenario runs on the real processes (``delaypay.processes.Stack``: the
+Every timed scenario runs on the real processes (``devtools.processes.Stack``: the
 Procfile's worker, promoter and beat lines) against a fresh database and a private
 Redis, loads its payments set-based (not timed), waits for the due instant on the
 database clock, and reads its figures back from the database's own timestamps.
@@ -21,8 +21,9 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from delaypay.processes import Stack
-from payments.promoter import CLAIM_SQL, claim_due, claim_params
+from devtools.processes import Stack
+from payments.promoter import claim_due, claim_params
+from payments.sql import CLAIM_DUE
 
 from . import loader
 from .check import check_run
@@ -34,7 +35,7 @@ from .stats import percentile
 
 SCENARIOS = ("burst", "hot-sender", "steady", "backlog", "memory")
 DEFAULT_PAYMENTS = {"burst": 100_000, "hot-sender": 100_000, "backlog": 2_000_000, "memory": 1_000_000}
-NAIVE_INCLUDE = "--include payments.bench.naive_tasks"
+NAIVE_INCLUDE = "--include devtools.bench.naive_tasks"
 NAIVE_QUEUE = "execute"  # the naive worker is the Procfile's worker line on a private Redis
 
 
@@ -379,12 +380,12 @@ def claim_latency(*, repeats: int = BACKLOG_REPEATS, batch: int | None = None) -
             claimed.append(len(claim))
             transaction.set_rollback(True)
         with transaction.atomic(), connection.cursor() as cur:
-            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM_SQL, params)
+            cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIM_DUE, params)
             plan = cur.fetchone()[0]
             plan = plan[0] if isinstance(plan, list) else plan
             plan_ms.append(plan["Execution Time"] + plan.get("Planning Time", 0.0))
             if i == 0:
-                cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + CLAIM_SQL, params)
+                cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + CLAIM_DUE, params)
                 plan_text = "\n".join(row[0] for row in cur.fetchall())
             transaction.set_rollback(True)
     return {

@@ -18,6 +18,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.db.models import F
 from django.db.models.functions import Now
 
+from . import sql
 from .exceptions import (
     PaymentNotCancellable,
     PaymentValidationError,
@@ -26,7 +27,7 @@ from .exceptions import (
     VersionMismatch,
 )
 from .models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
-from .recurrence import Rule, RuleError, next_occurrence, nth_occurrence, occurrences_between, shortest_interval_seconds
+from .rules import Rule, RuleError, next_occurrence, nth_occurrence, occurrences_between, shortest_interval_seconds
 from .services import _check_amount, actor_label, check_accounts, create_payment_row, db_now, payment_cancel
 
 logger = logging.getLogger(__name__)
@@ -359,18 +360,6 @@ def _jsonable(value):
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-# SKIP LOCKED so concurrent promoters generate disjoint schedules; the predicate matches
-# the partial index recurring_generate_idx.
-DUE_SQL = """
-SELECT id FROM payments_recurringpayment
- WHERE status = 'ACTIVE' AND next_occurrence_at IS NOT NULL
-   AND (last_occurrence_at IS NULL OR last_occurrence_at <= now())
- ORDER BY next_occurrence_at
- LIMIT %s
-   FOR UPDATE SKIP LOCKED
-"""
-
-
 def recurring_generate_due(*, limit: int = 500) -> int:
     """Generate the next occurrence of every active schedule whose previous occurrence
     is due. Safe to run concurrently and repeatedly. Returns how many were created.
@@ -381,7 +370,7 @@ def recurring_generate_due(*, limit: int = 500) -> int:
     created = 0
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute(DUE_SQL, [limit])
+            cur.execute(sql.RECURRING_DUE, [limit])
             ids = [row[0] for row in cur.fetchall()]
         for rec in RecurringPayment.objects.filter(pk__in=ids).select_related("payer").order_by("next_occurrence_at"):
             try:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
 from schemathesis.specs.openapi.checks import positive_data_acceptance, use_after_free
 
-from delaypay.ids import new_id
+from common.ids import new_id
 from ledger.models import Account
 from ledger.services import ledger_deposit
 from payments.models import RecurringPayment, ScheduledPayment

@@ -10,24 +10,15 @@ from django.utils import timezone
 
 from ledger.models import Account, Transfer
 from payments.models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
-from payments.promoter import claim_due, messages_for
+from payments.promoter import claim_due, messages_for, publish_messages
 from payments.services import payment_cancel, payment_schedule
-from payments.tasks import execute_batch, publish_messages
+from payments.tasks import execute_batch
 from tests.api import post
+from tests.concurrency import wait_until
 from tests.conftest import client_for
 from tests.factories import expire_lease, funded_account
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-
-def wait_until(predicate, *, timeout: float, stack=None, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    logs = "".join(f"\n--- {name}.log ---\n{stack.log(name)[-4000:]}" for name in stack.procs) if stack else ""
-    pytest.fail(f"timed out after {timeout}s waiting for {what}{logs}")
 
 
 def schedule(source, target, amount, seconds):

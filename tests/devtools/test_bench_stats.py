@@ -1,6 +1,6 @@
 import pytest
 
-from payments.bench.stats import bucketed_percentiles, per_second, percentile, summarize
+from devtools.bench.stats import bucketed_percentiles, per_second, percentile, summarize
 
 
 def test_percentile_interpolates_between_closest_ranks_like_numpy_linear():

@@ -1,0 +1,32 @@
+"""Every raw SQL statement of the ledger, each under a name that says what it does.
+
+Raw SQL because the batch forms are set-based (``unnest`` of arrays: one INSERT and one
+UPDATE however many postings a batch has) and the account reads must say ``FOR UPDATE``
+in id order. ``ledger/services.py`` and ``ledger/selectors.py`` run them.
+"""
+
+# The accounts of a batch, read in ascending id order; %s: the ids. The locking form
+# is what makes concurrent batches that share accounts wait instead of deadlocking.
+READ_ACCOUNTS = "SELECT id, kind, status, balance FROM ledger_account WHERE id = ANY(%s) ORDER BY id"
+LOCK_ACCOUNTS = READ_ACCOUNTS + " FOR UPDATE"
+
+# The transfers already recorded under some keys, with when they were posted; %s: keys.
+TRANSFER_TIMES = "SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)"
+
+# The transaction's clock (now() is the transaction's start, the same for every row).
+DB_NOW = "SELECT now()"
+
+# A batch's new transfers in one statement; %s: keys, debit ids, credit ids, amounts.
+INSERT_TRANSFERS = """
+INSERT INTO ledger_transfer (key, debit_account_id, credit_account_id, amount, created_at)
+SELECT k, d, c, a, now()
+  FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS t(k, d, c, a)
+"""
+
+# A batch's balance changes, one row per account with its deltas summed; %s: account
+# ids (ascending, as locked), deltas.
+APPLY_BALANCE_DELTAS = """
+UPDATE ledger_account a SET balance = a.balance + v.delta, updated_at = now()
+  FROM unnest(%s::text[], %s::bigint[]) AS v(id, delta)
+ WHERE a.id = v.id
+"""

@@ -1,0 +1,144 @@
+"""Accounts: list, open, read; deposits (staff); an account's payments and transfers."""
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+
+from ledger.models import Account
+from ledger.selectors import account_visible_to, transfers_for_account
+from ledger.services import account_create, account_deposit, account_deposit_check
+from payments.exceptions import AccountNotFound
+from payments.selectors import payment_list_for_account
+
+from . import serializers as s
+from .base import ACCOUNT_ORDER, PAYMENT_ORDER, TRANSFER_ORDER, ApiView, render
+from .idempotency import run_idempotent
+from .pagination import paginated_response
+from .schema import IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, READ, RETRY_AFTER, WRITE, WWW_AUTHENTICATE, errors, page_of
+from .throttling import CreateThrottle
+
+
+def visible_account(request, account_id: str) -> Account:
+    account = account_visible_to(user=request.user).select_related("owner").filter(pk=account_id).first()
+    if account is None:
+        raise AccountNotFound()
+    return account
+
+
+class IsStaff(BasePermission):
+    message = "Only staff can do this."
+
+    def has_permission(self, request, view):
+        return bool(request.user and request.user.is_staff)
+
+
+class AccountListCreateView(ApiView):
+    throttle_classes = [CreateThrottle]
+    throttle_scope = "create"
+
+    @extend_schema(
+        operation_id="accounts_list",
+        tags=["accounts"],
+        summary="Your accounts, newest first (staff: every account)",
+        parameters=[s.PageQuerySerializer, WWW_AUTHENTICATE],
+        responses={200: page_of(s.AccountSerializer, "AccountPage"), **errors(400, *READ)},
+    )
+    def get(self, request):
+        s.PageQuerySerializer.parse(request)
+        accounts = account_visible_to(user=request.user).select_related("owner")
+        return paginated_response(request, accounts, s.AccountSerializer, ordering=ACCOUNT_ORDER)
+
+    @extend_schema(
+        operation_id="accounts_create",
+        tags=["accounts"],
+        summary="Open an empty account owned by you",
+        request=s.AccountCreateSerializer,
+        responses={201: s.AccountSerializer, **errors(*WRITE, 429)},
+        parameters=[RETRY_AFTER, WWW_AUTHENTICATE],
+    )
+    def post(self, request):
+        body = s.AccountCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        account = account_create(owner=request.user, name=body.validated_data["name"])
+        account.refresh_from_db()
+        return Response(s.AccountSerializer(account).data, status=status.HTTP_201_CREATED)
+
+
+class AccountDetailView(ApiView):
+    @extend_schema(
+        operation_id="accounts_retrieve",
+        tags=["accounts"],
+        summary="One of your accounts (staff: any)",
+        parameters=[WWW_AUTHENTICATE],
+        responses={200: s.AccountSerializer, **errors(*READ, 404)},
+    )
+    def get(self, request, account_id: str):
+        return Response(s.AccountSerializer(visible_account(request, account_id)).data)
+
+
+class DepositView(ApiView):
+    permission_classes = [IsStaff]
+    throttle_classes = [CreateThrottle]
+    throttle_scope = "create"
+
+    @extend_schema(
+        operation_id="accounts_deposits_create",
+        tags=["accounts"],
+        summary="Credit a user account from the issuance account (staff only)",
+        request=s.DepositCreateSerializer,
+        parameters=[IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RETRY_AFTER, WWW_AUTHENTICATE],
+        responses={
+            201: OpenApiResponse(s.DepositSerializer, description="Deposited (or a replay of the first response)."),
+            **errors(*WRITE, 403, 404, 409, 429, e403="permission_denied: only staff can deposit."),
+        },
+    )
+    def post(self, request, account_id: str):
+        account = visible_account(request, account_id)
+        # A system account is refused before the Idempotency-Key and the body are read.
+        account_deposit_check(account=account)
+
+        def create():
+            body = s.DepositCreateSerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            deposit = account_deposit(account_id=account.id, amount=body.validated_data["amount"])
+            data = {
+                "deposit_id": deposit.key,
+                "account_id": deposit.account_id,
+                "amount": deposit.amount,
+                "balance": deposit.balance,
+                "created_at": deposit.posted_at,
+            }
+            return 201, render(s.DepositSerializer(data).data)
+
+        return run_idempotent(request, create)
+
+
+class AccountPaymentListView(ApiView):
+    @extend_schema(
+        operation_id="accounts_payments_list",
+        tags=["accounts"],
+        summary="Payments you may see that debit or credit this account, newest due first",
+        parameters=[s.PaymentPageQuerySerializer, WWW_AUTHENTICATE],
+        responses={200: page_of(s.PaymentSerializer, "PaymentPage"), **errors(400, *READ, 404)},
+    )
+    def get(self, request, account_id: str):
+        query = s.PaymentPageQuerySerializer.parse(request)
+        account = visible_account(request, account_id)
+        payments = payment_list_for_account(user=request.user, account_id=account.id, status=query.get("status"))
+        return paginated_response(request, payments, s.PaymentSerializer, ordering=PAYMENT_ORDER)
+
+
+class AccountTransferListView(ApiView):
+    @extend_schema(
+        operation_id="accounts_transfers_list",
+        tags=["accounts"],
+        summary="The account's ledger history, newest first",
+        parameters=[s.PageQuerySerializer, WWW_AUTHENTICATE],
+        responses={200: page_of(s.TransferSerializer, "TransferPage"), **errors(400, *READ, 404)},
+    )
+    def get(self, request, account_id: str):
+        s.PageQuerySerializer.parse(request)
+        account = visible_account(request, account_id)
+        transfers = transfers_for_account(account_id=account.id)
+        return paginated_response(request, transfers, s.TransferSerializer, ordering=TRANSFER_ORDER)

@@ -1,0 +1,153 @@
+"""Payments: schedule, list, read, reschedule or change the amount, cancel."""
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.response import Response
+
+from payments.selectors import payment_authorize_cancel, payment_authorize_update, payment_get, payment_list
+from payments.services import payment_cancel, payment_schedule, payment_update
+
+from . import serializers as s
+from .base import PAYMENT_ORDER, ApiView, render
+from .idempotency import run_idempotent
+from .pagination import paginated_response
+from .preconditions import expected_version, with_etag
+from .schema import (
+    ETAG,
+    IDEMPOTENCY_KEY,
+    IDEMPOTENT_REPLAYED,
+    IF_MATCH,
+    READ,
+    RETRY_AFTER,
+    WRITE,
+    WWW_AUTHENTICATE,
+    errors,
+    page_of,
+)
+from .throttling import CreateThrottle
+
+
+class PaymentListCreateView(ApiView):
+    throttle_classes = [CreateThrottle]
+    throttle_scope = "create"
+
+    @extend_schema(
+        operation_id="payments_list",
+        tags=["payments"],
+        summary="Your payments, newest due first (staff: every payment)",
+        parameters=[s.PaymentPageQuerySerializer, WWW_AUTHENTICATE],
+        responses={200: page_of(s.PaymentSerializer, "PaymentPage"), **errors(400, *READ)},
+    )
+    def get(self, request):
+        query = s.PaymentPageQuerySerializer.parse(request)
+        payments = payment_list(user=request.user, status=query.get("status"))
+        return paginated_response(request, payments, s.PaymentSerializer, ordering=PAYMENT_ORDER)
+
+    @extend_schema(
+        operation_id="payments_create",
+        tags=["payments"],
+        summary="Schedule a payment",
+        description=(
+            "Records a transfer to run at `execute_at`. Funds are **not** checked now: the balance "
+            "at execution time decides, and a payment the account cannot cover then ends FAILED "
+            "with failure_reason `insufficient_funds`. Optional `jitter_seconds` spreads the due time "
+            "(both times are returned); optional `expires_after` fails the payment as `expired` instead "
+            "of running it late after an outage."
+        ),
+        request=s.PaymentCreateSerializer,
+        parameters=[IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RETRY_AFTER, WWW_AUTHENTICATE],
+        responses={
+            201: OpenApiResponse(s.PaymentSerializer, description="Scheduled (or a replay of the first response)."),
+            **errors(*WRITE, 409, 429, e409="idempotency_key_reused or idempotency_key_in_use."),
+        },
+    )
+    def post(self, request):
+        def create():
+            body = s.PaymentCreateSerializer(data=request.data)
+            body.is_valid(raise_exception=True)
+            data = body.validated_data
+            payment = payment_schedule(
+                payer=request.user,
+                from_account_id=data["from_account"],
+                to_account_id=data["to_account"],
+                amount=data["amount"],
+                execute_at=data["execute_at"],
+                jitter_seconds=data.get("jitter_seconds", 0),
+                expires_after=data.get("expires_after"),
+            )
+            return 201, render(s.PaymentSerializer(payment).data)
+
+        return run_idempotent(request, create)
+
+
+def payment_response(request, payment_id: str) -> Response:
+    """The payment as the caller may see it, with its version as the ETag."""
+    payment = payment_get(user=request.user, payment_id=payment_id)
+    return with_etag(Response(s.PaymentSerializer(payment).data), payment.version)
+
+
+class PaymentDetailView(ApiView):
+    @extend_schema(
+        operation_id="payments_retrieve",
+        tags=["payments"],
+        summary="A payment with its status, failure_reason and attempts",
+        parameters=[ETAG, WWW_AUTHENTICATE],
+        responses={200: s.PaymentSerializer, **errors(*READ, 404)},
+    )
+    def get(self, request, payment_id: str):
+        return payment_response(request, payment_id)
+
+    @extend_schema(
+        operation_id="payments_update",
+        tags=["payments"],
+        summary="Reschedule a payment or change its amount while it is SCHEDULED",
+        description=(
+            "`execute_at` and/or `amount`, validated as on create; a new `execute_at` gets a new jitter draw "
+            "if the payment has `jitter_seconds`. A compare-and-set from SCHEDULED that bumps `version` and "
+            "records the old and new values in the payment's history. With `If-Match` it is optimistic: 412 "
+            "version_mismatch if the payment changed since you read it. 409 payment_not_editable once it was "
+            "claimed for execution or finished. Sending the values the payment already has changes nothing "
+            "and answers 200, so a retry is safe."
+        ),
+        request=s.PaymentUpdateSerializer,
+        parameters=[IF_MATCH, ETAG, WWW_AUTHENTICATE],
+        responses={
+            200: s.PaymentSerializer,
+            **errors(
+                *WRITE, 403, 404, 409, 412,
+                e403="permission_denied: staff need payments.change_scheduledpayment to change others' payments.",
+                e409="payment_not_editable; `status` is the payment's current status.",
+            ),
+        },
+    )
+    def patch(self, request, payment_id: str):
+        payment_authorize_update(user=request.user, payment_id=payment_id)
+        body = s.PaymentUpdateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        expected = expected_version(
+            request, current=lambda: payment_get(user=request.user, payment_id=payment_id).version
+        )
+        payment_update(payment_id=payment_id, actor=request.user, expected_version=expected, **body.validated_data)
+        return payment_response(request, payment_id)
+
+    @extend_schema(
+        operation_id="payments_cancel",
+        tags=["payments"],
+        summary="Cancel a scheduled payment",
+        description=(
+            "200 with the CANCELLED payment, also when it was already cancelled. 409 "
+            "payment_not_cancellable (with its `status`) once it was claimed for execution or finished."
+        ),
+        parameters=[ETAG, WWW_AUTHENTICATE],
+        responses={
+            200: s.PaymentSerializer,
+            **errors(
+                *READ, 403, 404, 409,
+                e403="permission_denied: staff without the cancel permission may read but not cancel.",
+                e409="payment_not_cancellable; `status` is the payment's current status.",
+            ),
+        },
+    )
+    def delete(self, request, payment_id: str):
+        payment_authorize_cancel(user=request.user, payment_id=payment_id)
+        payment_cancel(payment_id=payment_id, actor=request.user)
+        return payment_response(request, payment_id)

@@ -1,0 +1,438 @@
+"""Every raw SQL statement of the payments app, each under a name that says what it does.
+
+Raw SQL only where the ORM cannot say it: the claim (UPDATE ... FROM a SKIP LOCKED
+select, with its audit insert in the same statement), the executor's set-based fence,
+CAS and inserts (``unnest`` of arrays: one round trip per batch), the lag readings on
+the sweep's partial indexes, and the reconciliation's whole-table checks. The modules
+that run them (promoter, execution, services, selectors, series, idempotency,
+reconciliation) import this module and name the statement they run.
+
+Parameters are psycopg placeholders (``%s`` or ``%(name)s``); each comment says what
+the statement expects and why it is shaped as it is.
+"""
+
+# ======================================================================================
+# Claim (promoter.py)
+# ======================================================================================
+
+# Raw SQL because the ORM cannot say UPDATE ... FROM (SELECT ... SKIP LOCKED) RETURNING
+# with a data-modifying CTE. One statement claims, fences (attempt + 1), leases, and
+# writes the audit events, so a claim and its record commit together.
+#
+# Fresh and expired rows are two locking CTEs rather than the single "WHERE a OR b" of
+# DESIGN.md: with OR the planner bitmap-scans every due row and sorts them all before
+# LIMIT, which is O(backlog) per claim during a burst; each CTE here walks its own
+# partial index in order and stops after LIMIT rows.
+CLAIM_DUE = """
+WITH fresh AS (
+    SELECT id, status FROM payments_scheduledpayment
+     WHERE status = 'SCHEDULED' AND execute_at <= now()
+     ORDER BY execute_at, id
+     LIMIT %(batch)s
+       FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT id, status FROM payments_scheduledpayment
+     WHERE status = 'EXECUTING' AND lease_until < now()
+     ORDER BY lease_until
+     LIMIT %(reclaim_batch)s
+       FOR UPDATE SKIP LOCKED
+), due AS (
+    -- Expired leases first (they are the oldest work); the whole claim stays within the
+    -- caller's room under the in-flight cap. Rows locked above the limit are released
+    -- at commit, untouched.
+    SELECT id, status FROM (
+        SELECT id, status, 0 AS rank FROM expired UNION ALL SELECT id, status, 1 FROM fresh
+    ) candidates
+    ORDER BY rank
+    LIMIT %(batch)s
+), claimed AS (
+    UPDATE payments_scheduledpayment p
+       SET status = 'EXECUTING',
+           attempt = p.attempt + 1,
+           lease_until = now() + make_interval(secs => %(lease)s),
+           claimed_at = now(),
+           updated_at = now()
+      FROM due
+     WHERE p.id = due.id
+ RETURNING p.id, p.attempt, due.status AS previous_status, p.execute_at
+), audit AS (
+    INSERT INTO payments_paymentevent
+           (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
+    SELECT id,
+           CASE WHEN previous_status = 'SCHEDULED' THEN 'claimed' ELSE 'reclaimed' END,
+           previous_status, 'EXECUTING', attempt, %(actor)s, '{}'::jsonb, now()
+      FROM claimed
+)
+SELECT id, attempt, previous_status, extract(epoch FROM now() - execute_at)::float8 AS lateness
+  FROM claimed ORDER BY execute_at, id
+"""
+
+
+# Live leases only. A row whose lease expired is not in flight: its message or worker is
+# gone, and it is exactly what the next claim must take again. Counting it would let a
+# lost window of messages (Redis restarted with the cap's worth queued) block the
+# promoter forever.
+COUNT_IN_FLIGHT = (
+    "SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTING' AND lease_until >= now()"
+)
+
+
+# ======================================================================================
+# Execute (execution.py)
+# ======================================================================================
+
+# The fence and the CAS find their rows by primary key, always. The expected status
+# comes in as a column of the unnest (every element 'EXECUTING') rather than as the
+# literal: with the literal the planner may pick the partial lease index, whose
+# statistics are stale in a burst (EXECUTING goes from ~0 to tens of thousands of rows
+# within seconds, long before autovacuum analyzes), and then every batch scans all
+# in-flight rows: O(in-flight) per batch instead of O(batch).
+LOCK_FENCED = """
+SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
+       coalesce(p.execute_at + p.expires_after < now(), false) AS expired
+  FROM payments_scheduledpayment p
+  JOIN unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
+    ON m.id = p.id AND m.attempt = p.attempt AND m.status = p.status
+ WHERE p.id = ANY(%(ids)s::text[])
+ ORDER BY p.id
+   FOR UPDATE OF p
+"""
+
+
+FINISH_FENCED = """
+UPDATE payments_scheduledpayment p
+   SET status = v.status, failure_reason = v.reason, executed_at = v.executed_at,
+       lease_until = NULL, updated_at = now()
+  FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[], %(statuses)s::text[],
+              %(reasons)s::text[], %(executed_ats)s::timestamptz[])
+       AS v(id, attempt, expected, status, reason, executed_at)
+ WHERE p.id = ANY(%(ids)s::text[]) AND p.id = v.id AND p.attempt = v.attempt AND p.status = v.expected
+"""
+
+
+# One attempt row per finished payment; %s: started_at, worker, then the arrays.
+INSERT_ATTEMPTS = """
+INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)
+SELECT v.id, v.attempt, %s, now(), %s, v.outcome, v.error
+  FROM unnest(%s::text[], %s::int[], %s::text[], %s::text[]) AS v(id, attempt, outcome, error)
+ON CONFLICT (payment_id, attempt) DO NOTHING
+"""
+
+
+# The executed/failed event of each finished payment; %s: actor, then the arrays.
+INSERT_FINISH_EVENTS = """
+INSERT INTO payments_paymentevent (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
+SELECT v.id, v.kind, 'EXECUTING', v.status, v.attempt, %s, v.data::jsonb, now()
+  FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::text[]) AS v(id, kind, status, attempt, data)
+"""
+
+
+# A stale (payment, attempt) is recorded once, changing nothing else; %s: started_at,
+# worker, ids, attempts.
+INSERT_STALE_ATTEMPTS = """
+INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)
+SELECT p.id, m.attempt, %s, now(), %s, 'stale', 'attempt superseded or payment already finished'
+  FROM unnest(%s::text[], %s::int[]) AS m(id, attempt)
+  JOIN payments_scheduledpayment p ON p.id = m.id
+ON CONFLICT (payment_id, attempt) DO NOTHING
+"""
+
+
+# An unexpected error below the attempt limit: the payment stays EXECUTING and its lease
+# is shortened to the backoff, so the next claim after it retries (attempt + 1).
+SHORTEN_LEASE = """
+UPDATE payments_scheduledpayment
+   SET lease_until = now() + make_interval(secs => %(backoff)s), updated_at = now()
+ WHERE id = %(id)s AND status = 'EXECUTING' AND attempt = %(attempt)s
+"""
+
+
+# ======================================================================================
+# Schedule and reschedule (services.py)
+# ======================================================================================
+
+# The database clock: the only clock that decides what is due.
+DB_NOW = "SELECT now()"
+
+
+# One statement: lock the row, capture the old values, and compare-and-set the new ones
+# (status still SCHEDULED, version as expected). Zero rows is a result to classify.
+UPDATE_SCHEDULED = """
+WITH old AS (
+    SELECT id, amount, execute_at, requested_execute_at, version
+      FROM payments_scheduledpayment WHERE id = %(id)s FOR UPDATE
+)
+UPDATE payments_scheduledpayment p
+   SET amount = %(amount)s, execute_at = %(execute_at)s, requested_execute_at = %(requested)s,
+       version = p.version + 1, updated_at = now()
+  FROM old
+ WHERE p.id = old.id AND p.status = 'SCHEDULED' AND p.version = %(version)s
+RETURNING old.amount, old.execute_at, p.version
+"""
+
+
+# ======================================================================================
+# Recurring payments (series.py)
+# ======================================================================================
+
+# SKIP LOCKED so concurrent promoters generate disjoint schedules; the predicate matches
+# the partial index recurring_generate_idx.
+RECURRING_DUE = """
+SELECT id FROM payments_recurringpayment
+ WHERE status = 'ACTIVE' AND next_occurrence_at IS NOT NULL
+   AND (last_occurrence_at IS NULL OR last_occurrence_at <= now())
+ ORDER BY next_occurrence_at
+ LIMIT %s
+   FOR UPDATE SKIP LOCKED
+"""
+
+
+# ======================================================================================
+# Lag and outcome readings (selectors.py: metrics, health, dashboard)
+# ======================================================================================
+
+# Overdue SCHEDULED payments: the oldest one's age and how many (payments_due_idx).
+SCHEDULE_LAG = """
+SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0), count(*)
+  FROM payments_scheduledpayment WHERE status = 'SCHEDULED' AND execute_at <= now()
+"""
+
+
+# EXECUTING payments with a live lease (in flight) and with an expired one (payments_lease_idx).
+LEASE_COUNTS = """
+SELECT count(*) FILTER (WHERE lease_until >= now()), count(*) FILTER (WHERE lease_until < now())
+  FROM payments_scheduledpayment WHERE status = 'EXECUTING'
+"""
+
+
+# SCHEDULED payments due in each of the next %s minutes, zeros included.
+DUE_BY_MINUTE = """
+SELECT m.minute, count(p.id)
+  FROM generate_series(date_trunc('minute', now()),
+                       date_trunc('minute', now()) + make_interval(mins => %s - 1),
+                       interval '1 minute') AS m(minute)
+  LEFT JOIN payments_scheduledpayment p
+    ON p.status = 'SCHEDULED'
+   AND p.execute_at >= greatest(m.minute, now()) AND p.execute_at < m.minute + interval '1 minute'
+ GROUP BY m.minute ORDER BY m.minute
+"""
+
+
+# Executions and failures (by reason) in the last %s seconds, from the event log.
+RECENT_OUTCOMES = """
+SELECT kind, coalesce(data->>'failure_reason', ''), count(*)
+  FROM payments_paymentevent
+ WHERE created_at >= now() - make_interval(secs => %s) AND kind IN ('executed', 'failed')
+ GROUP BY 1, 2
+"""
+
+
+# ======================================================================================
+# Idempotency keys (idempotency.py)
+# ======================================================================================
+
+# SET LOCAL lock_timeout with a bound value (SET itself takes no parameters): a request
+# with a key in use waits on the first one's row lock for at most that long.
+SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %s, true)"
+# The first request with a key inserts its row; %s: actor id, key, fingerprint.
+IDEMPOTENCY_CLAIM_KEY = """
+INSERT INTO payments_idempotencykey (actor_id, key, fingerprint, response_body, created_at)
+VALUES (%s, %s, %s, '', now())
+ON CONFLICT (actor_id, key) DO NOTHING RETURNING id
+"""
+
+
+# Keys older than %s, %s rows per transaction so no lock is held for long.
+IDEMPOTENCY_PURGE = """
+DELETE FROM payments_idempotencykey WHERE id IN (
+    SELECT id FROM payments_idempotencykey WHERE created_at < now() - %s LIMIT %s)
+"""
+
+
+# ======================================================================================
+# Reconciliation (reconciliation.py)
+# ======================================================================================
+
+# One snapshot for every check; whole-table hash aggregates in memory instead of
+# spilling to disk; no JIT (seconds of compiling for one run); no parallel workers
+# (each would build the same hashes).
+RECONCILE_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"
+RECONCILE_SESSION = (
+    "SET LOCAL work_mem = '256MB'",
+    "SET LOCAL jit = off",
+    "SET LOCAL max_parallel_workers_per_gather = 0",
+)
+RECONCILE_COUNT = "SELECT now(), count(*) FROM payments_scheduledpayment"
+
+
+# Payment <-> ledger. The ledger knows keys, not payments: payment transfers are keyed
+# by the payment id, whose prefix is "pay_".
+RECONCILE_PAYMENT_LEDGER = r"""
+WITH j AS (
+    SELECT p.id, p.status, p.amount AS p_amount, p.from_account_id, p.to_account_id,
+           t.key, t.amount, t.debit_account_id AS debit, t.credit_account_id AS credit
+      FROM payments_scheduledpayment p
+      FULL JOIN ledger_transfer t ON t.key = p.id
+     WHERE p.id IS NOT NULL OR t.key LIKE 'pay\_%%'
+), v AS (
+    SELECT 'executed_without_transfer' AS name, id AS subject FROM j WHERE status = 'EXECUTED' AND key IS NULL
+    UNION ALL
+    -- The unique index on key makes this a walk of the index; it only finds something
+    -- if that constraint was lost.
+    SELECT 'duplicate_transfers', key || ' ' || count(*) || ' transfers'
+      FROM ledger_transfer GROUP BY key HAVING count(*) > 1
+    UNION ALL
+    SELECT DISTINCT 'transfer_mismatch',
+           id || ' payment ' || p_amount || ' ' || from_account_id || '->' || to_account_id
+              || ', transfer ' || amount || ' ' || debit || '->' || credit
+      FROM j
+     WHERE status = 'EXECUTED' AND key IS NOT NULL
+       AND (amount <> p_amount OR debit <> from_account_id OR credit <> to_account_id)
+    UNION ALL
+    SELECT DISTINCT 'transfer_without_execution', id || ' ' || status
+      FROM j WHERE status IN ('SCHEDULED', 'CANCELLED', 'FAILED') AND key IS NOT NULL
+    UNION ALL
+    SELECT 'transfer_for_missing_payment', key FROM j WHERE id IS NULL
+)
+SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
+"""
+
+
+RECONCILE_LEDGER = """
+WITH e AS (
+    SELECT account_id, sum(delta) AS net
+      FROM (SELECT credit_account_id AS account_id, amount AS delta FROM ledger_transfer
+            UNION ALL
+            SELECT debit_account_id, -amount FROM ledger_transfer) entries
+     GROUP BY account_id
+), a AS (
+    SELECT acc.id, acc.kind, acc.balance, coalesce(e.net, 0) AS net
+      FROM ledger_account acc LEFT JOIN e ON e.account_id = acc.id
+), v AS (
+    SELECT 'balance_mismatch' AS name, id || ' balance ' || balance || ', entries ' || net AS subject
+      FROM a WHERE balance <> net
+    UNION ALL
+    SELECT 'negative_user_balance', id || ' balance ' || balance FROM a WHERE kind = 'user' AND balance < 0
+    UNION ALL
+    SELECT 'balance_sum_nonzero', 'sum ' || s FROM (SELECT sum(balance) AS s FROM ledger_account) total WHERE s <> 0
+)
+SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
+"""
+
+
+# Served by the two partial indexes of the sweep.
+RECONCILE_LIVENESS = """
+WITH v AS (
+    SELECT 'stuck_executing' AS name,
+           id || ' attempt ' || attempt || ', lease expired '
+              || floor(extract(epoch FROM now() - lease_until))::bigint || 's ago' AS subject
+      FROM payments_scheduledpayment
+     WHERE status = 'EXECUTING' AND lease_until < now() - make_interval(secs => %(stuck)s)
+    UNION ALL
+    SELECT 'overdue_scheduled',
+           id || ' due ' || floor(extract(epoch FROM now() - execute_at))::bigint || 's ago'
+      FROM payments_scheduledpayment
+     WHERE status = 'SCHEDULED' AND execute_at < now() - make_interval(secs => %(overdue)s)
+)
+SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
+"""
+
+
+# What the writers guarantee, per payment:
+# * one "created" event; one claim event (claimed, then reclaimed) per attempt, the
+#   last one at the payment's attempt (claim and event are one statement);
+# * EXECUTED/FAILED: exactly one executed/failed event, at the final attempt, and an
+#   attempt row at the final attempt that says how it ended ("error" when the error
+#   path ended it); CANCELLED: one cancelled event, never claimed; SCHEDULED: nothing
+#   but "created"; EXECUTING: claimed, not finished;
+# * only the final attempt may finish a payment, and at most one attempt moves money.
+RECONCILE_HISTORY = """
+WITH ev AS (
+    SELECT payment_id,
+           count(*) FILTER (WHERE kind = 'created') AS created,
+           count(*) FILTER (WHERE kind = 'claimed') AS first_claims,
+           count(*) FILTER (WHERE kind IN ('claimed', 'reclaimed')) AS claims,
+           max(attempt) FILTER (WHERE kind IN ('claimed', 'reclaimed')) AS last_claim,
+           count(*) FILTER (WHERE kind = 'executed') AS executed,
+           count(*) FILTER (WHERE kind = 'failed') AS failed,
+           count(*) FILTER (WHERE kind = 'cancelled') AS cancelled,
+           max(attempt) FILTER (WHERE kind IN ('executed', 'failed')) AS finished_at_attempt
+      FROM payments_paymentevent
+     GROUP BY payment_id
+), at AS (
+    -- Per payment, the highest attempt of each outcome; (payment, attempt) is unique, so
+    -- the outcome of the final attempt is the one whose highest attempt equals it.
+    SELECT payment_id,
+           count(*) AS n,
+           min(attempt) AS first_attempt,
+           max(attempt) AS last_attempt,
+           count(*) FILTER (WHERE outcome = 'executed') AS moved,
+           count(*) FILTER (WHERE outcome IN ('executed', 'already_applied', 'failed')) AS finishing,
+           max(attempt) FILTER (WHERE outcome IN ('executed', 'already_applied', 'failed')) AS last_finishing,
+           max(attempt) FILTER (WHERE outcome = 'executed') AS executed_at,
+           max(attempt) FILTER (WHERE outcome = 'already_applied') AS already_applied_at,
+           max(attempt) FILTER (WHERE outcome = 'failed') AS failed_at,
+           max(attempt) FILTER (WHERE outcome = 'error') AS error_at,
+           max(attempt) FILTER (WHERE outcome = 'stale') AS stale_at
+      FROM payments_executionattempt
+     GROUP BY payment_id
+), h AS (
+    SELECT p.id, p.status, p.attempt,
+           concat_ws('; ',
+               CASE WHEN coalesce(ev.created, 0) <> 1 THEN coalesce(ev.created, 0) || ' created events' END,
+               CASE WHEN coalesce(ev.claims, 0) <> p.attempt OR coalesce(ev.last_claim, 0) <> p.attempt
+                         OR coalesce(ev.first_claims, 0) <> least(p.attempt, 1)
+                    THEN coalesce(ev.claims, 0) || ' claim events for attempt ' || p.attempt END,
+               CASE WHEN p.status = 'EXECUTED' AND (coalesce(ev.executed, 0) <> 1 OR coalesce(ev.failed, 0) <> 0)
+                    THEN 'executed with ' || coalesce(ev.executed, 0) || ' executed and '
+                         || coalesce(ev.failed, 0) || ' failed events' END,
+               CASE WHEN p.status = 'FAILED' AND (coalesce(ev.failed, 0) <> 1 OR coalesce(ev.executed, 0) <> 0)
+                    THEN 'failed with ' || coalesce(ev.failed, 0) || ' failed and '
+                         || coalesce(ev.executed, 0) || ' executed events' END,
+               CASE WHEN p.status IN ('EXECUTED', 'FAILED') AND ev.finished_at_attempt IS DISTINCT FROM p.attempt
+                    THEN 'finished by an event of attempt ' || coalesce(ev.finished_at_attempt::text, 'none') END,
+               CASE WHEN p.status NOT IN ('EXECUTED', 'FAILED')
+                         AND coalesce(ev.executed, 0) + coalesce(ev.failed, 0) > 0
+                    THEN p.status || ' with a finishing event' END,
+               CASE WHEN (p.status = 'CANCELLED') <> (coalesce(ev.cancelled, 0) = 1)
+                         OR coalesce(ev.cancelled, 0) > 1
+                    THEN p.status || ' with ' || coalesce(ev.cancelled, 0) || ' cancelled events' END,
+               CASE WHEN p.status = 'EXECUTING' AND p.attempt = 0 THEN 'EXECUTING without a claim' END
+           ) AS event_problem,
+           concat_ws('; ',
+               CASE WHEN fin.out_of_range THEN 'attempt rows outside 1..' || p.attempt END,
+               CASE WHEN at.moved > 1 THEN at.moved || ' attempts moved money' END,
+               CASE WHEN fin.finished_by_old_attempt > 0
+                    THEN fin.finished_by_old_attempt || ' earlier attempts finished it' END,
+               CASE WHEN p.status = 'EXECUTED'
+                         AND fin.final_outcome IS DISTINCT FROM 'executed'
+                         AND fin.final_outcome IS DISTINCT FROM 'already_applied'
+                         AND fin.final_outcome IS DISTINCT FROM 'error'
+                    THEN 'EXECUTED but attempt ' || p.attempt || ' is ' || coalesce(fin.final_outcome, 'missing') END,
+               CASE WHEN p.status = 'FAILED'
+                         AND fin.final_outcome IS DISTINCT FROM 'failed' AND fin.final_outcome IS DISTINCT FROM 'error'
+                    THEN 'FAILED but attempt ' || p.attempt || ' is ' || coalesce(fin.final_outcome, 'missing') END,
+               CASE WHEN p.status IN ('SCHEDULED', 'CANCELLED') AND coalesce(at.n, 0) > 0
+                    THEN p.status || ' with ' || at.n || ' attempt rows' END,
+               CASE WHEN p.status = 'EXECUTING'
+                         AND fin.final_outcome IN ('executed', 'already_applied', 'failed')
+                    THEN 'EXECUTING but attempt ' || p.attempt || ' is ' || fin.final_outcome END
+           ) AS attempt_problem
+      FROM payments_scheduledpayment p
+      LEFT JOIN ev ON ev.payment_id = p.id
+      LEFT JOIN at ON at.payment_id = p.id
+      CROSS JOIN LATERAL (
+          SELECT CASE p.attempt WHEN at.executed_at THEN 'executed' WHEN at.already_applied_at THEN 'already_applied'
+                                WHEN at.failed_at THEN 'failed' WHEN at.error_at THEN 'error'
+                                WHEN at.stale_at THEN 'stale' END AS final_outcome,
+                 at.first_attempt < 1 OR at.last_attempt > p.attempt AS out_of_range,
+                 at.finishing - CASE WHEN at.last_finishing = p.attempt THEN 1 ELSE 0 END AS finished_by_old_attempt
+      ) fin
+), v AS (
+    SELECT 'event_history' AS name, id || ' ' || status || ': ' || event_problem AS subject
+      FROM h WHERE event_problem <> ''
+    UNION ALL
+    SELECT 'attempt_history', id || ' ' || status || ': ' || attempt_problem FROM h WHERE attempt_problem <> ''
+)
+SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
+"""
