@@ -3,7 +3,7 @@
 #   make test  - venv, requirements, services, then ruff and the whole pytest suite
 #   make chaos - the full fault-injection run (20,000 payments) on private PostgreSQL/Redis
 #   make chaos-ci - the small fault-injection run .ci/run does on every submission
-#   make bench / bench-all - the due-time burst benchmark (README "Benchmarks")
+#   make bench / bench-all - the due-time burst benchmark (docs/reference/benchmarks.md)
 # Both are idempotent; the venv is reinstalled only when a requirements file changes.
 
 PYTHON ?= python3.11
@@ -13,10 +13,10 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | 
 PORT ?= 8000
 export PATH := $(abspath $(BIN)):$(PATH)
 # Every process `make run` starts writes its metrics to this directory; web's /metrics
-# sums them (README "Metrics"). The tests use their own (pyproject.toml).
+# sums them (docs/reference/operations.md, "Metrics"). The tests use their own (pyproject.toml).
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test install services lint check-deploy flower metrics-dir schema chaos chaos-ci bench bench-all
+.PHONY: run test install services lint check-deploy flower metrics-dir schema chaos chaos-ci bench bench-all docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -55,8 +55,13 @@ run: install services metrics-dir
 flower: install
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/honcho start flower
 
-test: install services lint $(BIN)/promtool
+test: install services lint docs $(BIN)/promtool
 	$(BIN)/pytest --create-db
+
+# The documentation site (mkdocs.yml, docs/): --strict turns every warning (a broken link,
+# a page missing from the nav) into a failure. Open var/site/index.html.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir var/site
 
 # promtool validates deploy/prometheus/ in the tests. It comes from Debian's prometheus
 # package, unpacked into the venv: nothing is installed system-wide, no service starts.
@@ -67,7 +72,7 @@ $(BIN)/promtool: | $(BIN)/python
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get download prometheus >/dev/null 2>&1; }; } ) && \
 	dpkg-deb --fsys-tarfile $$tmp/prometheus_*.deb | tar -xO ./usr/bin/promtool > $$tmp/promtool && \
 	chmod +x $$tmp/promtool && mv $$tmp/promtool $@ || \
-	echo "promtool unavailable: tests/test_deploy.py will check the rules without it"; \
+	echo "promtool unavailable: tests/ops/test_deploy.py will check the rules without it"; \
 	rm -rf $$tmp
 
 # The chaos run starts and crashes its own PostgreSQL cluster and redis-server on
@@ -92,7 +97,7 @@ schema: install
 	mkdir -p var
 	DJANGO_DEBUG=1 $(BIN)/python manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml
 
-# The due-time burst benchmark on scratch databases (README "Benchmarks"). BENCH_ARGS adds
+# The due-time burst benchmark on scratch databases (docs/reference/benchmarks.md). BENCH_ARGS adds
 # options, e.g. make bench BENCH_ARGS="--workers 2 --profile".
 BENCH_OUT ?= bench-out
 bench: install services

@@ -1,6 +1,6 @@
 """delaypay settings: twelve-factor, everything from the environment.
 
-Every variable read here is listed in README.md ("Configuration").
+Every variable read here is listed in docs/reference/configuration.md.
 """
 
 import os
@@ -270,7 +270,7 @@ CELERY_BEAT_SCHEDULE = {
 }
 CELERY_BEAT_SCHEDULE_FILENAME = env("DELAYPAY_BEAT_SCHEDULE_FILE", default=str(BASE_DIR / "celerybeat-schedule"))
 
-# --- delaypay knobs (tune by measurement; see README "Configuration") ------------------
+# --- delaypay knobs (tune by measurement; see docs/reference/configuration.md) ------------------
 
 DELAYPAY_CLAIM_BATCH = env.int("DELAYPAY_CLAIM_BATCH", default=500)
 DELAYPAY_LEASE_SECONDS = env.float("DELAYPAY_LEASE_SECONDS", default=60.0)
@@ -282,7 +282,7 @@ DELAYPAY_MAX_SCHEDULE_DAYS = env.int("DELAYPAY_MAX_SCHEDULE_DAYS", default=365)
 DELAYPAY_TRANSIENT_RETRIES = env.int("DELAYPAY_TRANSIENT_RETRIES", default=5)
 DELAYPAY_MIN_RECURRING_INTERVAL = env.int("DELAYPAY_MIN_RECURRING_INTERVAL", default=60)
 
-# --- Operations: metrics, readiness, logs (README "Operations") --------------------
+# --- Operations: metrics, readiness, logs (docs/reference/operations.md) --------------------
 
 # Multiprocess mode for prometheus_client: every process of a host writes its metrics to
 # files here and /metrics on that host sums them. prometheus_client reads the variable

@@ -47,7 +47,7 @@ class Account(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-        # Staff actions in the admin beyond viewing (README "Staff roles").
+        # Staff actions in the admin beyond viewing (docs/reference/admin-console.md, "Staff roles").
         permissions = [
             ("freeze_account", "Can freeze or unfreeze an account"),
             ("deposit_account", "Can deposit into an account from the issuance account"),

@@ -11,7 +11,7 @@ Two kinds, both served by ``GET /metrics`` (delaypay/views.py):
   operational selectors, counts per status (cached), heartbeats of the promoter and of
   reconcile (a table, so any host sees them), and the Celery queues in Redis.
 
-Names and meanings are listed in README "Operations".
+Names and meanings are listed in docs/reference/operations.md ("Metrics").
 """
 
 import bisect

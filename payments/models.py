@@ -51,7 +51,7 @@ class FailureReason(models.TextChoices):
 class ScheduledPayment(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_payment_id, editable=False)
     # No single-column index: payments_payer_idx (payer, execute_at) serves every lookup
-    # by payer, and each index here costs every claim and every finish (README "Benchmarks").
+    # by payer, and each index here costs every claim and every finish (docs/reference/benchmarks.md).
     payer = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="scheduled_payments", db_index=False
     )

@@ -132,7 +132,7 @@ def targets_table(results: list[dict]) -> str:
 
 
 def markdown(runs: dict[str, dict], targets: list[dict], command: str) -> str:
-    """The README's figures table for a run of ``bench all``."""
+    """The figures table of docs/reference/benchmarks.md for a run of ``bench all``."""
     rows = ["| scenario | payments | drain s | payments/s | pgbench tps | ratio | naive /s | "
             "dispatch p50/p99 s | execution p50/p99 s | worker RSS MB | correct |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -1,5 +1,5 @@
-"""Time the operations console's pages against the configured database (README
-"Operations console": the figures for a million payments come from this command).
+"""Time the operations console's pages against the configured database (docs/reference/admin-console.md,
+"A million rows": the figures for a million payments come from this command).
 
     DJANGO_DEBUG=1 python manage.py admin_page_timings --seed 1000000   # once, development only
     DJANGO_DEBUG=1 python manage.py admin_page_timings

@@ -1,4 +1,4 @@
-"""``manage.py bench SCENARIO``: the due-time burst benchmark (README "Benchmarks")."""
+"""``manage.py bench SCENARIO``: the due-time burst benchmark (docs/reference/benchmarks.md)."""
 
 import json
 import sys
@@ -101,7 +101,7 @@ class Command(BaseCommand):
         targets = report.target_results(runs)
         self.stdout.write(report.targets_table(targets))
         if len(scenarios) > 1:
-            self.stdout.write("== for the README ==\n" + report.markdown(runs, targets, " ".join(sys.argv)))
+            self.stdout.write("== for docs/reference/benchmarks.md ==\n" + report.markdown(runs, targets, " ".join(sys.argv)))
         self.stdout.write(f"logs in {log_root}; {time.monotonic() - started:.0f}s in all")
         if opts["json"]:
             body = runs[scenarios[0]] if len(scenarios) == 1 else {"scenario": "all", "runs": runs}

@@ -1,4 +1,4 @@
-"""Create or update the staff groups of the operations console (README "Staff roles").
+"""Create or update the staff groups of the operations console (docs/reference/admin-console.md, "Staff roles").
 
 Idempotent: each group ends up with exactly the permissions listed here. Run after
 `migrate` (the release step does), because Django creates permissions after migrating.
