@@ -1,8 +1,9 @@
 """Redis down on the real stack: the promoter neither churns leases nor burns attempts.
 
-The choice (docs/explanation/architecture.md, "While Redis is down"): without Redis, beat cannot tick, so the promoter claims
-nothing and due rows stay SCHEDULED; a batch the promoter had already claimed when
-publishing failed is executed by the promoter itself, in-process, at the same attempt.
+The choice (docs/explanation/architecture.md, "While Redis is down"): without Redis,
+beat cannot tick, so the promoter claims nothing and due rows stay SCHEDULED; a batch
+the promoter had already claimed when publishing failed is executed by the promoter
+itself, in-process, at the same attempt.
 The test runs its own redis-server so it can kill it without touching the shared one.
 """
 

@@ -101,7 +101,8 @@ class Command(BaseCommand):
         targets = report.target_results(runs)
         self.stdout.write(report.targets_table(targets))
         if len(scenarios) > 1:
-            self.stdout.write("== for docs/reference/benchmarks.md ==\n" + report.markdown(runs, targets, " ".join(sys.argv)))
+            table = report.markdown(runs, targets, " ".join(sys.argv))
+            self.stdout.write("== for docs/reference/benchmarks.md ==\n" + table)
         self.stdout.write(f"logs in {log_root}; {time.monotonic() - started:.0f}s in all")
         if opts["json"]:
             body = runs[scenarios[0]] if len(scenarios) == 1 else {"scenario": "all", "runs": runs}
