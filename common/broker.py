@@ -2,6 +2,8 @@
 
 import redis
 from django.conf import settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 # kombu's Redis transport keeps a queue's priority levels in separate lists named
 # "<queue>\x06\x16<priority>" (priority 0 is the bare name); default steps 0, 3, 6, 9.
@@ -22,6 +24,30 @@ def redis_client(url: str | None = None) -> redis.Redis:
             url, socket_timeout=1.0, socket_connect_timeout=1.0, health_check_interval=30
         )
     return client
+
+
+_probes: dict[str, redis.Redis] = {}
+
+
+def probe_client(url: str | None = None) -> redis.Redis:
+    """A client for reachability checks: one try, half-second timeouts. (redis-py retries
+    a refused connection ten times with backoff by default: seconds that a readiness probe
+    or the promoter's once-a-second look cannot spend.)"""
+    url = url or settings.REDIS_URL  # CELERY_BROKER_URL is REDIS_URL
+    client = _probes.get(url)
+    if client is None:
+        client = _probes[url] = redis.Redis.from_url(
+            url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
+    return client
+
+
+def broker_answers(url: str | None = None) -> bool:
+    """True when the Celery broker (Redis) answers one PING."""
+    try:
+        return bool(probe_client(url).ping())
+    except (redis.RedisError, OSError):
+        return False
 
 
 def celery_queue_names() -> list[str]:

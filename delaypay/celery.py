@@ -1,15 +1,38 @@
 """The Celery application: promoter on its own queue, executors on "execute"."""
 
+import functools
 import os
 
-from celery import Celery
-from celery.signals import setup_logging, task_prerun
+from celery import Celery, bootsteps
+from celery.signals import setup_logging, task_prerun, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "delaypay.settings")
 
 app = Celery("delaypay")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+class DegradedModeFallback(bootsteps.StartStopStep):
+    """In a promoter (a worker consuming the "promoter" queue) only: tick on its own timer
+    and execute from the database while Redis is down (payments/fallback.py). A worker
+    step starts before the consumer, so it also runs in a promoter started during an
+    outage, whose consumer is still trying to connect."""
+
+    label = "degraded-mode fallback"
+
+    def include_if(self, worker) -> bool:
+        from django.conf import settings
+
+        return settings.DELAYPAY_FALLBACK_ENABLED and "promoter" in worker.app.amqp.queues.consume_from
+
+    def create(self, worker):
+        from payments.fallback import Fallback
+
+        return Fallback.from_settings()
+
+
+app.steps["worker"].add(DegradedModeFallback)
 
 
 @task_prerun.connect
@@ -30,3 +53,39 @@ def _use_django_logging(**_kwargs):
     from django.conf import settings
 
     dictConfig(settings.LOGGING)
+
+
+@worker_init.connect
+def _survive_broker_restarts(**_kwargs):
+    # Workaround: with Celery 5.7.0 / kombu 5.7.0 (the newest releases) a worker, or the
+    # promoter, exits when Redis restarts while one of its tasks is in flight (acks_late):
+    # "Unrecoverable error: AttributeError: 'NoneType' object has no attribute 'hostname'".
+    # On a lost connection the consumer calls connection.collect() and then, since
+    # celery/celery#10242, connection.close(). collect() stops closing channels at the
+    # first that fails (remote control's, which deletes its fanout binding on a Redis that
+    # is gone) and detaches the transport (transport.client = None), leaving the task
+    # channel open. close() then closes that channel, whose restore of the in-flight
+    # message builds a Redis pool from transport.client.hostname: an AttributeError, not a
+    # connection error, so the consumer gives up, and the task's late ack fails the same
+    # way (as in celery/kombu#582). Turning remote control off avoids it too, but Flower and
+    # `celery inspect` need it. Instead, a channel whose connection is gone raises redis'
+    # ConnectionError, which kombu and Celery handle as an outage: the close is ignored,
+    # the consumer reconnects, the late ack is logged as failed ("Couldn't ack"). Nothing
+    # is lost: a restarted Redis forgot the message; one that kept it redelivers it after
+    # the visibility timeout, and the attempt fence makes that a no-op.
+    # tests/e2e/test_broker_restart.py restarts Redis under such a task.
+    from kombu.transport import redis as kombu_redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    connparams = kombu_redis.Channel._connparams
+    if getattr(connparams, "delaypay_guard", False):
+        return
+
+    @functools.wraps(connparams)
+    def _connparams(channel, *args, **kwargs):
+        if channel.connection is None or channel.connection.client is None:
+            raise RedisConnectionError("this channel's broker connection was closed")
+        return connparams(channel, *args, **kwargs)
+
+    _connparams.delaypay_guard = True
+    kombu_redis.Channel._connparams = _connparams

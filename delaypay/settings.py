@@ -276,11 +276,25 @@ DELAYPAY_CLAIM_BATCH = env.int("DELAYPAY_CLAIM_BATCH", default=500)
 DELAYPAY_LEASE_SECONDS = env.float("DELAYPAY_LEASE_SECONDS", default=60.0)
 DELAYPAY_PROMOTER_BUDGET_SECONDS = env.float("DELAYPAY_PROMOTER_BUDGET_SECONDS", default=0.8)
 DELAYPAY_INFLIGHT_CAP = env.int("DELAYPAY_INFLIGHT_CAP", default=50_000)
-DELAYPAY_MAX_ATTEMPTS = env.int("DELAYPAY_MAX_ATTEMPTS", default=5)
+# The retry ladder for errors (seed 001): delays in seconds before retry 1, 2, ..., each
+# drawn with full jitter (uniform in [0, delay]); its length is the retry budget.
+DELAYPAY_RETRY_DELAYS = [
+    float(d) for d in env.list("DELAYPAY_RETRY_DELAYS", default=["60", "300", "1800", "7200", "43200"])
+]
+# Worker starts a payment gets before it is parked in NEEDS_REVIEW: the first try and
+# one per retry of the ladder. Claims whose message no worker started do not count.
+DELAYPAY_MAX_ATTEMPTS = env.int("DELAYPAY_MAX_ATTEMPTS", default=1 + len(DELAYPAY_RETRY_DELAYS))
 DELAYPAY_MAX_AMOUNT = env.int("DELAYPAY_MAX_AMOUNT", default=10**12)
 DELAYPAY_MAX_SCHEDULE_DAYS = env.int("DELAYPAY_MAX_SCHEDULE_DAYS", default=365)
 DELAYPAY_TRANSIENT_RETRIES = env.int("DELAYPAY_TRANSIENT_RETRIES", default=5)
 DELAYPAY_MIN_RECURRING_INTERVAL = env.int("DELAYPAY_MIN_RECURRING_INTERVAL", default=60)
+# Degraded mode (payments/fallback.py): a promoter that has run no beat tick for AFTER
+# seconds while Redis does not answer ticks on its own timer and executes what it claims
+# in-process, at most BATCHES_PER_TICK claim batches a tick, one promoter of the fleet
+# at a time (a PostgreSQL advisory lock). ENABLED=0 turns the fallback off.
+DELAYPAY_FALLBACK_ENABLED = env.bool("DELAYPAY_FALLBACK_ENABLED", default=True)
+DELAYPAY_FALLBACK_AFTER_SECONDS = env.float("DELAYPAY_FALLBACK_AFTER_SECONDS", default=5.0)
+DELAYPAY_FALLBACK_BATCHES_PER_TICK = env.int("DELAYPAY_FALLBACK_BATCHES_PER_TICK", default=4)
 
 # --- Operations: metrics, readiness, logs (docs/reference/operations.md) --------------------
 

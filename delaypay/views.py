@@ -42,10 +42,12 @@ def healthz(request):
 
 @read_only
 def readyz(request):
-    """Readiness: 200 when PostgreSQL and Redis answer, migrations are applied and the
-    promoter ticked recently; 503 otherwise. The body says which check failed."""
+    """Readiness: 200 when PostgreSQL answers, migrations are applied and the promoter
+    ticked recently; 503 otherwise. The body says which check failed. Redis down is
+    200 with the status "degraded" (the promoter executes from the database)."""
     ready, checks = health.readiness()
-    return JsonResponse({"status": "ok" if ready else "unavailable", "checks": checks}, status=200 if ready else 503)
+    return JsonResponse({"status": health.overall_status(ready, checks), "checks": checks},
+                        status=200 if ready else 503)
 
 
 def _authorized(request) -> bool:

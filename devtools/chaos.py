@@ -25,7 +25,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -55,6 +55,9 @@ MINIMUM_FAULTS: dict[str, int] = {
     "kill_promoter": 1,  # SIGKILL the promoter, restart it
     "kill_beat": 1,  # SIGKILL beat, restart it
     "restart_redis": 2,  # SIGKILL redis-server (no persistence: messages lost), restart it
+    # Redis down for --broker-outage-seconds: the promoter executes from the database
+    # (degraded mode); the run reports what executed during the outage and how late.
+    "long_broker_outage": 1,
     "restart_postgres": 1,  # pg_ctlcluster stop -m immediate, then start (WAL replay)
     "pause_worker": 1,  # SIGSTOP a worker past its lease, then SIGCONT: the zombie
     "duplicate_promoter": 1,  # a second promoter for a while
@@ -67,6 +70,10 @@ EXTRA_WEIGHTS: dict[str, float] = {
     "restart_postgres": 0.7, "pause_worker": 1, "duplicate_promoter": 0.5, "duplicate_beat": 0.5,
     "redeliver": 1,
 }
+
+
+# The faults that take a service down, by service.
+OUTAGE_KINDS = {"redis": ("restart_redis", "long_broker_outage"), "postgres": ("restart_postgres",)}
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,7 @@ class Options:
     batch: int = 100
     inflight_cap: int = 2000
     max_attempts: int = 5
+    broker_outage_seconds: float = 20.0  # the long_broker_outage fault's length
     converge_timeout: float = 300.0
     pg_port: int = 55432
     redis_port: int = 56379
@@ -130,6 +138,7 @@ def fault_plan(options: Options) -> list[Fault]:
         "kill_promoter": lambda: rng.uniform(0.5, 4.0),
         "kill_beat": lambda: rng.uniform(0.5, 4.0),
         "restart_redis": lambda: rng.uniform(1.0, 4.0),
+        "long_broker_outage": lambda: options.broker_outage_seconds,
         "restart_postgres": lambda: rng.uniform(0.5, 3.0),
         "pause_worker": lambda: 2 * lease + rng.uniform(1.0, 4.0),  # well past its lease
         "duplicate_promoter": lambda: rng.uniform(5.0, 15.0),
@@ -142,6 +151,9 @@ def fault_plan(options: Options) -> list[Fault]:
         # The zombie is paused just after a burst, while it holds messages and batches.
         if kind == "pause_worker":
             return rng.choice(bursts) + rng.uniform(0.05, 0.6)
+        # The long outage ends inside the window when it fits, so payments fall due all through it.
+        if kind == "long_broker_outage":
+            return rng.uniform(0.5, max(0.5, options.window - options.broker_outage_seconds))
         return rng.uniform(0.5, options.window)
 
     faults = [
@@ -149,13 +161,13 @@ def fault_plan(options: Options) -> list[Fault]:
         for kind in kinds
     ]
     # Outages of one service do not overlap (a crash of a server that is already down is
-    # no fault): each starts at least 2 s after the previous one of its kind ended.
-    for kind in ("restart_redis", "restart_postgres"):
+    # no fault): each starts at least 2 s after the previous one of that service ended.
+    for service in (OUTAGE_KINDS["redis"], OUTAGE_KINDS["postgres"]):
         ready = 0.0
         for i, fault in sorted(enumerate(faults), key=lambda item: item[1].at):
-            if fault.kind == kind:
+            if fault.kind in service:
                 if fault.at < ready:
-                    faults[i] = fault = Fault(round(ready, 2), kind, fault.target, fault.duration)
+                    faults[i] = fault = Fault(round(ready, 2), fault.kind, fault.target, fault.duration)
                 ready = fault.at + fault.duration + 2.0
     return sorted(faults, key=lambda f: (f.at, f.kind))
 
@@ -264,6 +276,7 @@ class Figures:
     cancels_unknown: int = 0
     cancel_answers: dict[str, str] = field(default_factory=dict)  # payment id -> answered status
     redis_outages: list[tuple] = field(default_factory=list)  # (db time down, db time up)
+    long_outages: list[int] = field(default_factory=list)  # which of redis_outages were long_broker_outage
 
 
 class Injector:
@@ -388,7 +401,8 @@ class Injector:
         try:
             return db_retry(db_now, timeout=5)
         except DB_ERRORS:
-            return None
+            # PostgreSQL is restarting too: its clock is this machine's (a private local cluster).
+            return datetime.now(UTC)
 
     def begin(self, fault: Fault) -> list[tuple[float, str]] | str | None:
         """Inject one fault; return the follow-up actions (delay, action) it needs, None
@@ -414,10 +428,12 @@ class Injector:
             self.down.add(name)
             self.stack.kill(name, signal.SIGKILL)
             return [(fault.duration, f"restart:{name}")]
-        if kind == "restart_redis":
+        if kind in OUTAGE_KINDS["redis"]:
             if not self.redis.running:
                 return "later"  # still down from the previous outage
             self.redis.crash()
+            if kind == "long_broker_outage":
+                self.figures.long_outages.append(len(self.figures.redis_outages))
             self.figures.redis_outages.append((self._db_clock(), None))
             return [(fault.duration, "redis_up")]
         if kind == "restart_postgres":
@@ -616,6 +632,60 @@ def stale_rejections_logged(log_dir: Path) -> int:
     return count
 
 
+def long_outage_figures(figures: Figures) -> dict | None:
+    """What happened to the payments due during the (first) long broker outage: how many
+    were decided (executed or failed) before Redis came back, how many of those the
+    promoter executed in-process, and the execution lateness of the executed ones."""
+    if not figures.long_outages:
+        return None
+    down_at, up_at = figures.redis_outages[figures.long_outages[0]]
+    if down_at is None or up_at is None:
+        return None
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT count(*) FILTER (WHERE status <> 'CANCELLED'),
+                   count(*) FILTER (WHERE status IN ('EXECUTED', 'FAILED') AND updated_at < %(up)s),
+                   count(*) FILTER (WHERE status = 'EXECUTED' AND executed_at < %(up)s),
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM executed_at - execute_at)::float8)
+                       FILTER (WHERE status = 'EXECUTED' AND executed_at < %(up)s),
+                   max(extract(epoch FROM executed_at - execute_at)::float8) FILTER (WHERE status = 'EXECUTED'
+                       AND executed_at < %(up)s)
+              FROM payments_scheduledpayment
+             WHERE execute_at >= %(down)s AND execute_at < %(up)s
+            """,
+            {"down": down_at, "up": up_at},
+        )
+        due, decided, executed, p99, worst = cur.fetchone()
+        cur.execute(
+            "SELECT count(*) FROM payments_executionattempt a JOIN payments_scheduledpayment p ON p.id = a.payment_id"
+            " WHERE a.worker LIKE 'promoter:%%' AND a.outcome = 'executed' AND a.finished_at < %(up)s"
+            " AND p.execute_at >= %(down)s AND p.execute_at < %(up)s",
+            {"down": down_at, "up": up_at},
+        )
+        (in_process,) = cur.fetchone()
+    return {
+        "seconds": round((up_at - down_at).total_seconds(), 1),
+        "due": due,
+        "decided_during": decided,
+        "executed_during": executed,
+        "executed_in_process": in_process,
+        "lateness_p99_s": round(p99, 2) if p99 is not None else None,
+        "lateness_max_s": round(worst, 2) if worst is not None else None,
+    }
+
+
+def describe_long_outage(outage: dict | None) -> str:
+    if outage is None:
+        return ""
+    p99 = "n/a" if outage["lateness_p99_s"] is None else f"{outage['lateness_p99_s']}s"
+    return (
+        f" long_outage={outage['seconds']}s (due={outage['due']} decided_during={outage['decided_during']}"
+        f" executed_during={outage['executed_during']} in_process={outage['executed_in_process']}"
+        f" lateness_p99={p99})"
+    )
+
+
 def measure(workload: Workload, figures: Figures, *, converged: bool, converge_seconds: float,
             options: Options, total_seconds: float, log_dir: Path) -> Outcome:
     """Every figure of the run, from the database, the reconciliation and an independent
@@ -637,12 +707,14 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
                     " FROM payments_executionattempt")
         stale_rows, in_process = cur.fetchone()
         claims_while_redis_down = 0
-        for down_at, up_at in figures.redis_outages:
-            if down_at is not None and up_at is not None:
+        for i, (down_at, up_at) in enumerate(figures.redis_outages):
+            # Short outages only: in a long one the promoter claims by design (degraded mode).
+            if down_at is not None and up_at is not None and i not in figures.long_outages:
                 # A tick already running when Redis died may finish its claim: allow 2 s.
                 cur.execute("SELECT count(*) FROM payments_paymentevent WHERE kind IN ('claimed', 'reclaimed')"
                             " AND created_at > %s + interval '2 seconds' AND created_at < %s", [down_at, up_at])
                 claims_while_redis_down += cur.fetchone()[0]
+    outage = long_outage_figures(figures)
     # The model: deposits plus the executed payments, from the harness's own records.
     expected = Counter(workload.deposits)
     for pid, (source, target, amount) in workload.payments.items():
@@ -682,6 +754,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         "reconcile_violations": report.violations,
         "cancel_mismatches": cancel_mismatches,
         "claims_while_redis_down": claims_while_redis_down,
+        "long_broker_outage": outage,
         "executed_in_process": in_process,
         "unexpected_exits": figures.restarts_unexpected,
         "redelivered": figures.redelivered,
@@ -700,7 +773,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         f" redelivered={figures.redelivered}"
         f" reconcile_violations={report.violations}"
         f" cancel_mismatches={cancel_mismatches} claims_while_redis_down={claims_while_redis_down}"
-        f" in_process={in_process} converge_s={numbers['converge_seconds']}"
+        f" in_process={in_process}{describe_long_outage(outage)} converge_s={numbers['converge_seconds']}"
         f"{'' if converged else ' (NOT CONVERGED)'} total_s={numbers['total_seconds']}"
     )
     return Outcome(line=line, ok=ok, figures=numbers)

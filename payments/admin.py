@@ -2,15 +2,22 @@
 
 Staff read everything; they change state only through the services the API uses:
 "Cancel selected payments" and the detail page's Cancel button both call
-``payment_cancel_outcome`` (the CAS); "Pause" and "Resume" on recurring payments call
-``recurring_pause`` / ``recurring_resume``. No money field, status or time is editable,
+``payment_cancel_outcome`` (the CAS); the review queue's "Re-drive" and "Resolve as
+failed" (bulk actions and buttons, each through a confirmation page that asks for a
+reason) call ``payment_redrive`` / ``payment_resolve``; "Pause" and "Resume" on recurring
+payments call ``recurring_pause`` / ``recurring_resume``. No money field, status or time is editable,
 nothing can be added or deleted, and the database triggers would refuse it anyway.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -27,7 +34,15 @@ from common.admin_tools import (
 )
 from ledger.selectors import transfer_by_key
 
-from .exceptions import PaymentNotCancellable, PaymentNotFound, RecurringNotFound, RecurringStateError
+from .exceptions import (
+    PaymentNotCancellable,
+    PaymentNotFound,
+    PaymentNotInReview,
+    PaymentValidationError,
+    RecurringNotFound,
+    RecurringStateError,
+)
+from .forms import RedriveForm, ReviewForm
 from .models import (
     ExecutionAttempt,
     FailureReason,
@@ -48,7 +63,7 @@ from .selectors import (
     recurring_search_condition,
 )
 from .series import recurring_pause, recurring_resume
-from .services import payment_cancel_outcome
+from .services import ReviewOutcome, payment_cancel_outcome, payment_redrive, payment_resolve
 
 admin.site.site_header = "delaypay operations"
 admin.site.site_title = "delaypay operations"
@@ -62,6 +77,7 @@ STATUS_TONES = {
     PaymentStatus.EXECUTED: "green",
     PaymentStatus.FAILED: "red",
     PaymentStatus.CANCELLED: "grey",
+    PaymentStatus.NEEDS_REVIEW: "purple",
     RecurringStatus.ACTIVE: "green",
     RecurringStatus.PAUSED: "amber",
     RecurringStatus.ENDED: "grey",
@@ -69,6 +85,12 @@ STATUS_TONES = {
 
 # One request cancels at most this many payments (one short transaction each).
 MAX_CANCEL_PER_ACTION = 500
+
+# One request re-drives or resolves at most this many payments.
+MAX_REVIEW_PER_ACTION = 500
+
+# The confirmation page's submit: present, the review act runs; absent, the page is shown.
+REVIEW_CONFIRMED = "review_confirmed"
 
 # More search terms than this are ignored (each is an exact id or username).
 MAX_SEARCH_TERMS = 50
@@ -134,6 +156,47 @@ class FailureReasonFilter(admin.SimpleListFilter):
             # Only FAILED rows carry a reason; saying so lets payments_failed_idx serve it.
             return queryset.filter(status=PaymentStatus.FAILED, failure_reason=self.value())
         return queryset
+
+
+@dataclass(frozen=True)
+class ReviewAct:
+    """One of the review queue's two acts: its words, its form and its service."""
+
+    name: str  # the URL (<id>/<name>/) and the bulk action (<name>_selected)
+    title: str
+    explanation: str  # on the confirmation page
+    form: type[ReviewForm]
+    done: str
+    already: str
+    run: Callable[..., ReviewOutcome]  # (payment_id=, actor=, data=form.cleaned_data)
+
+
+REVIEW_ACTS = {
+    "redrive": ReviewAct(
+        name="redrive",
+        title="Re-drive",
+        explanation="Each payment in review goes back to SCHEDULED with a fresh retry budget, due at once or at "
+        "the time given, and executes like any other payment.",
+        form=RedriveForm,
+        done="Re-driven",
+        already="Already re-driven",
+        run=lambda *, payment_id, actor, data: payment_redrive(
+            payment_id=payment_id, actor=actor, reason=data["reason"], execute_at=data.get("execute_at")
+        ),
+    ),
+    "resolve": ReviewAct(
+        name="resolve",
+        title="Resolve as failed",
+        explanation="Each payment in review ends FAILED with failure_reason resolved_by_staff. No money moves.",
+        form=ReviewForm,
+        done="Resolved as failed",
+        already="Already resolved as failed",
+        run=lambda *, payment_id, actor, data: payment_resolve(
+            payment_id=payment_id, actor=actor, outcome="failed", reason=data["reason"]
+        ),
+    ),
+}
+REVIEW_ACTIONS = frozenset(f"{name}_selected" for name in REVIEW_ACTS)
 
 
 class ExecutionAttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
@@ -222,10 +285,12 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
             return ("execute_at", "id")
         if request.GET.get(FailureReasonFilter.parameter_name) in FailureReason.values:
             return ("-execute_at", "-id")
+        if request.GET.get("status__exact") == PaymentStatus.NEEDS_REVIEW:
+            return ("updated_at", "id")  # the review queue: longest waiting first (payments_review_idx)
         return super().get_ordering(request)
     search_fields = ("id",)  # shows the box; get_search_results does the matching
     search_help_text = "Exact payment id, account id or account owner's username; several separated by spaces."
-    actions = ["cancel_selected"]
+    actions = ["cancel_selected", "redrive_selected", "resolve_selected"]
     inlines = [ExecutionAttemptInline, PaymentEventInline]
     fieldsets = (
         ("Payment", {"fields": ("id", "payer", "from_account", "to_account", "amount", "execute_at")}),
@@ -239,7 +304,10 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
                 "fields": (
                     "status_col",
                     "failure_reason",
+                    "review_reason",
                     "attempt",
+                    "tries",
+                    "next_attempt_at",
                     "lease_until",
                     "claimed_at",
                     "executed_at",
@@ -306,7 +374,12 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
         report(request, messages.ERROR, "No such payment", missing)
 
     def get_urls(self):
-        return [object_view_url(self, "cancel", self.cancel_view), *super().get_urls()]
+        return [
+            object_view_url(self, "cancel", self.cancel_view),
+            object_view_url(self, "redrive", self.redrive_view),
+            object_view_url(self, "resolve", self.resolve_view),
+            *super().get_urls(),
+        ]
 
     def cancel_view(self, request, object_id):
         if request.method != "POST":
@@ -318,9 +391,131 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         context["can_cancel"] = (
-            obj is not None and obj.status == PaymentStatus.SCHEDULED and self.has_cancel_permission(request, obj)
+            obj is not None
+            and obj.status in (PaymentStatus.SCHEDULED, PaymentStatus.NEEDS_REVIEW)
+            and self.has_cancel_permission(request, obj)
+        )
+        context["can_review"] = (
+            obj is not None and obj.status == PaymentStatus.NEEDS_REVIEW and self.has_redrive_permission(request, obj)
         )
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
+
+    # --- the review queue: re-drive and resolve, bulk and single, after a confirmation ---
+
+    def has_redrive_permission(self, request, obj=None) -> bool:
+        return has_model_permission(self, request, "redrive")
+
+    def changelist_view(self, request, extra_context=None):
+        # Django answers an action the user may not run with "No action selected." and a
+        # redirect; a staff act without its permission is refused outright.
+        if (
+            request.method == "POST"
+            and REVIEW_ACTIONS & set(request.POST.getlist("action"))
+            and not self.has_redrive_permission(request)
+        ):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Re-drive selected payments in review (asks for a reason)", permissions=["redrive"])
+    def redrive_selected(self, request, queryset):
+        return self.review_selected(request, queryset, REVIEW_ACTS["redrive"])
+
+    @admin.action(description="Resolve selected payments in review as failed (asks for a reason)",
+                  permissions=["redrive"])
+    def resolve_selected(self, request, queryset):
+        return self.review_selected(request, queryset, REVIEW_ACTS["resolve"])
+
+    def review_selected(self, request, queryset, act: ReviewAct):
+        """The bulk action. Its confirmation page posts back to the changelist with the
+        same action, the ids it listed and REVIEW_CONFIRMED."""
+        refusal = f"Select at most {MAX_REVIEW_PER_ACTION} payments per {act.title.lower()}; nothing changed."
+        if REVIEW_CONFIRMED in request.POST:
+            # The ids the page listed, whatever the list's filter holds by now: a payment
+            # that left the queue meanwhile is reported, not silently skipped.
+            ids = sorted(set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)))
+            if len(ids) > MAX_REVIEW_PER_ACTION:
+                self.message_user(request, refusal, messages.ERROR)
+                return None
+        else:
+            ids = self.selected_ids(request, queryset, limit=MAX_REVIEW_PER_ACTION, refusal=refusal)
+            if ids is None:
+                return None
+        return self.review_page(request, act, ids, back_url=request.get_full_path(), bulk_action=f"{act.name}_selected")
+
+    def redrive_view(self, request, object_id):
+        return self.review_view(request, object_id, REVIEW_ACTS["redrive"])
+
+    def resolve_view(self, request, object_id):
+        return self.review_view(request, object_id, REVIEW_ACTS["resolve"])
+
+    def review_view(self, request, object_id, act: ReviewAct):
+        """The payment page's button: the confirmation page, then back to the payment."""
+        if not self.has_redrive_permission(request):
+            raise PermissionDenied
+        payment_id = unquote(object_id)
+        if not ScheduledPayment.objects.filter(pk=payment_id).exists():
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        change_url = reverse("admin:payments_scheduledpayment_change", args=[quote(payment_id)])
+        return self.review_page(request, act, [payment_id], back_url=change_url) or HttpResponseRedirect(change_url)
+
+    def review_page(self, request, act: ReviewAct, payment_ids: list[str], *, back_url: str, bulk_action: str = ""):
+        """The confirmation page (asked for, or its form invalid), or None once the act
+        ran on every payment and each was reported. ``bulk_action``: the changelist
+        action the page posts back to (none: the page posts to itself)."""
+        confirmed = request.method == "POST" and REVIEW_CONFIRMED in request.POST
+        form = act.form(request.POST if confirmed else None)
+        if confirmed and form.is_valid() and self.review_and_report(request, act, payment_ids, form):
+            return None
+        payments = (
+            ScheduledPayment.objects.filter(pk__in=payment_ids)
+            .select_related("from_account__owner", "to_account__owner")
+            .order_by("updated_at", "id")
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{act.title}: {len(payment_ids)} payment{'s' if len(payment_ids) != 1 else ''}",
+            "subtitle": None,
+            "opts": self.opts,
+            "act": act,
+            "form": form,
+            "payments": [(p, status_badge(p.status), p.status == PaymentStatus.NEEDS_REVIEW) for p in payments],
+            "payment_ids": payment_ids,
+            "bulk_action": bulk_action,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "review_confirmed": REVIEW_CONFIRMED,
+            "back_url": back_url,
+            "has_view_permission": self.has_view_permission(request),
+        }
+        return TemplateResponse(request, "admin/payments/scheduledpayment/review.html", context)
+
+    def review_and_report(self, request, act: ReviewAct, payment_ids: list[str], form) -> bool:
+        """Run ``act`` on each payment through its service and say what happened to each.
+        False, with the errors on the form, when the service refused the input itself
+        (an execute_at in the past)."""
+        done, already, not_in_review, missing = [], [], [], []
+        for payment_id in payment_ids:
+            try:
+                outcome = act.run(payment_id=payment_id, actor=request.user, data=form.cleaned_data)
+            except PaymentValidationError as exc:
+                for field, errors in exc.fields.items():
+                    form.add_error(field if field in form.fields else None, errors)
+                break
+            except PaymentNotInReview as exc:
+                not_in_review.append(f"{payment_id} is {exc.status}")
+                continue
+            except PaymentNotFound:
+                missing.append(payment_id)
+                continue
+            if outcome.changed_now:
+                done.append(payment_id)
+                self.log_change(request, outcome.payment, f"{act.done} from the admin: {form.cleaned_data['reason']}")
+            else:
+                already.append(payment_id)
+        report(request, messages.SUCCESS, act.done, done)
+        report(request, messages.INFO, act.already, already)
+        report(request, messages.WARNING, "Not in review", not_in_review)
+        report(request, messages.ERROR, "No such payment", missing)
+        return not form.errors
 
 
 # --- recurring payments -------------------------------------------------------------------

@@ -13,7 +13,13 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 
 from .models import PaymentStatus
-from .selectors import payment_counts_by_status, payments_due_by_minute, recent_outcomes, schedule_health
+from .selectors import (
+    payment_counts_by_status,
+    payments_due_by_minute,
+    recent_outcomes,
+    review_queue_health,
+    schedule_health,
+)
 
 CHART_WIDTH = 720
 CHART_HEIGHT = 140  # the bars' area; labels go below it
@@ -81,11 +87,14 @@ def dashboard_view(request):
     health = schedule_health()
     counts = payment_counts_by_status()
     outcomes = recent_outcomes(seconds=3600)
+    review = review_queue_health()
     context = {
         **admin.site.each_context(request),
         "title": "Dashboard",
         "health": health,
         "oldest_due_age": age_text(health.oldest_due_age_seconds),
+        "review": review,
+        "oldest_review_age": age_text(review.oldest_age_seconds),
         "counts": [(status, counts[status]) for status in PaymentStatus.values],
         "total": sum(counts.values()),
         "outcomes": outcomes,

@@ -49,6 +49,23 @@ class PaymentNotEditable(DomainError):
         self.status = status
 
 
+class PaymentNotInReview(DomainError):
+    """Re-drive or resolve of a payment that is not (or no longer) NEEDS_REVIEW."""
+
+    code = "payment_not_in_review"
+
+    def __init__(self, status: str):
+        super().__init__(f"The payment is {status}, not NEEDS_REVIEW.", status=status)
+        self.status = status
+
+
+class PaymentReviewForbidden(DomainError):
+    """Re-drive and resolve are staff acts (``payments.redrive_scheduledpayment``)."""
+
+    code = "permission_denied"
+    default_detail = "Re-driving or resolving a payment needs the payments.redrive_scheduledpayment permission."
+
+
 class VersionMismatch(DomainError):
     code = "version_mismatch"
 

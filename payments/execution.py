@@ -3,10 +3,11 @@
 1. ``lock_fenced``: lock the payments ``FOR UPDATE`` where status = EXECUTING and
    attempt = the message's (the fence); the rest are stale (superseded or finished)
    and change nothing.
-2. ``decide``: each locked payment's outcome. Payments past their attempt limit or their
-   ``expires_after`` deadline end without an apply (unless their transfer exists: the
-   guard comes first); the rest get the ledger's decision (guard, account state, funds,
-   in due order).
+2. ``decide``: each locked payment's outcome. Payments started more often than their
+   budget allows are parked in NEEDS_REVIEW, payments past their ``expires_after``
+   deadline fail, both without an apply (unless their transfer exists: the guard comes
+   first); the rest get the ledger's decision (guard, account state, funds, in due
+   order).
 3. ``write_outcomes``: CAS every status (WHERE attempt = given), insert the attempt rows
    and the events.
 4. ``post_money``: the ledger locks the accounts in id order, decides again and moves
@@ -24,9 +25,10 @@ and step 4 is skipped). See docs/decisions/forecast-then-lock.md.
 import json
 import logging
 import os
+import random
 import socket
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -35,7 +37,7 @@ from ledger.selectors import transfer_times
 from ledger.services import Outcome, Posting, PostResult, ledger_post_batch, ledger_preview_batch
 
 from . import sql
-from .models import ExecutionAttempt, FailureReason, PaymentEvent, PaymentStatus
+from .models import ExecutionAttempt, FailureReason, PaymentEvent, PaymentStatus, ReviewReason
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,7 @@ class LockedPayment:
     execute_at: datetime
     claimed_at: datetime
     expired: bool  # past execute_at + expires_after
+    tries: int  # worker starts so far, this one included (the retry budget)
 
     def posting(self) -> Posting:
         return Posting(key=self.id, debit_account_id=self.from_account_id,
@@ -75,14 +78,37 @@ class LockedPayment:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """How one payment ends: its final status and what its attempt row and event say."""
+    """How one payment leaves EXECUTING: its new status and what its attempt row and event say."""
 
     payment: LockedPayment
-    status: PaymentStatus  # EXECUTED or FAILED
-    outcome: str  # ExecutionAttempt.Outcome: executed, already_applied, failed (error: record_error)
+    status: PaymentStatus  # EXECUTED, FAILED, NEEDS_REVIEW (parked) or SCHEDULED (a retry)
+    outcome: str  # ExecutionAttempt.Outcome: executed, already_applied, failed, parked, error
     failure_reason: str = ""
     executed_at: datetime | None = None  # when the money moved (None: it did not)
     error: str = ""  # the attempt row's detail
+    review_reason: str = ""  # NEEDS_REVIEW: why
+    next_attempt_at: datetime | None = None  # SCHEDULED: when the retry may be claimed
+
+    def event_kind(self) -> str:
+        return EVENT_KINDS[self.status]
+
+    def event_data(self) -> str:
+        data = {"outcome": self.outcome}
+        if self.failure_reason:
+            data["failure_reason"] = self.failure_reason
+        if self.review_reason:
+            data["review_reason"] = self.review_reason
+        if self.next_attempt_at:
+            data["next_attempt_at"] = self.next_attempt_at.isoformat()
+        return json.dumps(data)
+
+
+EVENT_KINDS = {
+    PaymentStatus.EXECUTED: PaymentEvent.Kind.EXECUTED,
+    PaymentStatus.FAILED: PaymentEvent.Kind.FAILED,
+    PaymentStatus.NEEDS_REVIEW: PaymentEvent.Kind.PARKED,
+    PaymentStatus.SCHEDULED: PaymentEvent.Kind.RETRY_SCHEDULED,
+}
 
 
 @dataclass
@@ -90,6 +116,8 @@ class BatchResult:
     executed: list[str] = field(default_factory=list)
     already_applied: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # payment id -> failure_reason
+    parked: dict[str, str] = field(default_factory=dict)  # payment id -> review_reason (NEEDS_REVIEW)
+    retrying: dict[str, datetime] = field(default_factory=dict)  # payment id -> next_attempt_at
     stale: list[Pair] = field(default_factory=list)
     execution_lateness: list[float] = field(default_factory=list)  # executed_at - execute_at, newly executed
 
@@ -97,6 +125,8 @@ class BatchResult:
         self.executed += other.executed
         self.already_applied += other.already_applied
         self.failed.update(other.failed)
+        self.parked.update(other.parked)
+        self.retrying.update(other.retrying)
         self.stale += other.stale
         self.execution_lateness += other.execution_lateness
 
@@ -104,6 +134,10 @@ class BatchResult:
         payment = decision.payment
         if decision.status == PaymentStatus.FAILED:
             self.failed[payment.id] = decision.failure_reason
+        elif decision.status == PaymentStatus.NEEDS_REVIEW:
+            self.parked[payment.id] = decision.review_reason
+        elif decision.status == PaymentStatus.SCHEDULED:
+            self.retrying[payment.id] = decision.next_attempt_at
         elif decision.outcome == ExecutionAttempt.Outcome.EXECUTED:
             self.executed.append(payment.id)
             self.execution_lateness.append((decision.executed_at - payment.execute_at).total_seconds())
@@ -169,14 +203,15 @@ def lock_fenced(cur, pairs: list[Pair]) -> tuple[list[LockedPayment], list[Pair]
 
 
 def ending_reasons(locked: list[LockedPayment]) -> dict[str, str]:
-    """Payments that end without an apply, with their failure reason: claimed more times
-    than allowed (their worker keeps dying or their messages keep getting lost), or past
-    their expires_after deadline."""
+    """Payments that leave without an apply, with the reason: started by workers more
+    often than the budget allows (their workers keep dying on them: parked for review,
+    ReviewReason), or past their expires_after deadline (FAILED, FailureReason). Claims
+    that no worker started never count: an outage delays a payment, it never fails it."""
     max_attempts = settings.DELAYPAY_MAX_ATTEMPTS
     return {
-        p.id: FailureReason.ATTEMPTS_EXHAUSTED.value if p.attempt > max_attempts else FailureReason.EXPIRED.value
+        p.id: ReviewReason.ATTEMPTS_EXHAUSTED.value if p.tries > max_attempts else FailureReason.EXPIRED.value
         for p in locked
-        if p.attempt > max_attempts or p.expired
+        if p.tries > max_attempts or p.expired
     }
 
 
@@ -207,14 +242,20 @@ def decide(
                                       executed_at=moved[payment.id]))
             continue
         reason = ending[payment.id]
-        detail = (
-            f"claimed {payment.attempt} times; the limit is {settings.DELAYPAY_MAX_ATTEMPTS}"
-            if reason == FailureReason.ATTEMPTS_EXHAUSTED
-            else "could not start by execute_at + expires_after"
-        )
-        decisions.append(Decision(payment, PaymentStatus.FAILED, ExecutionAttempt.Outcome.FAILED,
-                                  failure_reason=reason, error=detail))
+        if reason == ReviewReason.ATTEMPTS_EXHAUSTED:
+            budget = settings.DELAYPAY_MAX_ATTEMPTS
+            decisions.append(park(payment, outcome=ExecutionAttempt.Outcome.PARKED,
+                                  error=f"started {payment.tries} times; the budget is {budget}"))
+        else:
+            decisions.append(Decision(payment, PaymentStatus.FAILED, ExecutionAttempt.Outcome.FAILED,
+                                      failure_reason=reason, error="could not start by execute_at + expires_after"))
     return decisions
+
+
+def park(payment: LockedPayment, *, outcome: str, error: str) -> Decision:
+    """NEEDS_REVIEW: the budget is spent. Nothing moves until staff re-drive or resolve it."""
+    return Decision(payment, PaymentStatus.NEEDS_REVIEW, outcome,
+                    review_reason=ReviewReason.ATTEMPTS_EXHAUSTED.value, error=error)
 
 
 def write_outcomes(cur, decisions: list[Decision], *, started_at: datetime, worker: str) -> None:
@@ -227,17 +268,16 @@ def write_outcomes(cur, decisions: list[Decision], *, started_at: datetime, work
     statuses = [d.status for d in decisions]
     cur.execute(sql.FINISH_FENCED, fence_params(
         ids, attempts, statuses=statuses, reasons=[d.failure_reason for d in decisions],
-        executed_ats=[d.executed_at for d in decisions],
+        executed_ats=[d.executed_at for d in decisions], review_reasons=[d.review_reason for d in decisions],
+        next_attempt_ats=[d.next_attempt_at for d in decisions],
     ))
     if cur.rowcount != len(ids):
         raise FenceViolation(f"CAS updated {cur.rowcount} of {len(ids)} locked payments")
     cur.execute(sql.INSERT_ATTEMPTS, [started_at, worker, ids, attempts, [d.outcome for d in decisions],
                                       [d.error for d in decisions]])
-    kinds = [PaymentEvent.Kind.EXECUTED if d.status == PaymentStatus.EXECUTED else PaymentEvent.Kind.FAILED
-             for d in decisions]
-    data = [json.dumps({"outcome": d.outcome, **({"failure_reason": d.failure_reason} if d.failure_reason else {})})
-            for d in decisions]
-    cur.execute(sql.INSERT_FINISH_EVENTS, [f"worker:{worker}", ids, kinds, statuses, attempts, data])
+    kinds = [d.event_kind() for d in decisions]
+    cur.execute(sql.INSERT_FINISH_EVENTS, [f"worker:{worker}", ids, kinds, statuses, attempts,
+                                           [d.event_data() for d in decisions]])
 
 
 def post_money(postings: list[Posting], *, forecast: dict[str, PostResult]) -> None:
@@ -254,20 +294,38 @@ def record_stale(cur, stale: list[Pair], *, started_at: datetime, worker: str) -
     cur.execute(sql.INSERT_STALE_ATTEMPTS, [started_at, worker, [p[0] for p in stale], [p[1] for p in stale]])
 
 
-def retry_backoff_seconds(attempt: int) -> float:
-    """How long an errored payment waits before the next claim may take it again."""
-    return float(min(2 ** max(attempt, 0), 60))
+def mark_started(pairs: list[Pair]) -> int:
+    """A worker starts these (payment, attempt) pairs: one try more for each still
+    EXECUTING at that attempt (once per claim). Commits on its own, before the batch's
+    transaction, so that a worker that dies mid-way has still spent the try. Returns
+    how many rows were marked."""
+    if not pairs:
+        return 0
+    with transaction.atomic(), connection.cursor() as cur:
+        # No wait for the WAL flush: the marker guards against a worker dying, not the
+        # database; a database crash that loses it loses a try, never a payment.
+        cur.execute(sql.ASYNC_COMMIT)
+        cur.execute(sql.MARK_STARTED, fence_params([p[0] for p in pairs], [p[1] for p in pairs]))
+        return cur.rowcount
+
+
+def retry_delay_seconds(tries: int) -> float:
+    """How long a payment waits before its next try, after its ``tries``-th try errored:
+    the ladder's step (DELAYPAY_RETRY_DELAYS) with full jitter, uniform in [0, step]."""
+    ladder = settings.DELAYPAY_RETRY_DELAYS
+    step = ladder[min(max(tries, 1), len(ladder)) - 1]
+    return random.uniform(0, step)
 
 
 def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchResult:
     """Record an unexpected error for one payment after its own apply failed.
 
-    Below the attempt limit the payment stays EXECUTING with its lease shortened to a
-    backoff, so the next claim retries it soon (attempt + 1). At the limit it ends
-    FAILED(attempts_exhausted), unless its transfer exists, in which case it executed.
+    Within its budget the payment goes back to SCHEDULED with ``next_attempt_at`` on the
+    retry ladder; with the budget spent it is parked in NEEDS_REVIEW. If its transfer
+    exists, the money moved: it is EXECUTED whatever the error was.
     """
     worker = worker or worker_name()
-    payment_id, attempt = pair
+    payment_id = pair[0]
     result = BatchResult()
     error = error[:2000]
     with transaction.atomic(), connection.cursor() as cur:
@@ -280,18 +338,11 @@ def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchR
         if payment_id in moved:
             decision = Decision(payment, PaymentStatus.EXECUTED, ExecutionAttempt.Outcome.ERROR,
                                 executed_at=moved[payment_id], error=error)
-        elif attempt >= settings.DELAYPAY_MAX_ATTEMPTS:
-            decision = Decision(payment, PaymentStatus.FAILED, ExecutionAttempt.Outcome.ERROR,
-                                failure_reason=FailureReason.ATTEMPTS_EXHAUSTED.value, error=error)
+        elif payment.tries >= settings.DELAYPAY_MAX_ATTEMPTS:
+            decision = park(payment, outcome=ExecutionAttempt.Outcome.ERROR, error=error)
         else:
-            cur.execute(sql.SHORTEN_LEASE, {"backoff": retry_backoff_seconds(attempt), "id": payment_id,
-                                            "attempt": attempt})
-            cur.execute(sql.INSERT_ATTEMPTS, [started_at, worker, [payment_id], [attempt],
-                                              [ExecutionAttempt.Outcome.ERROR], [error]])
-            return result
+            decision = Decision(payment, PaymentStatus.SCHEDULED, ExecutionAttempt.Outcome.ERROR, error=error,
+                                next_attempt_at=started_at + timedelta(seconds=retry_delay_seconds(payment.tries)))
         write_outcomes(cur, [decision], started_at=started_at, worker=worker)
-    if decision.status == PaymentStatus.FAILED:
-        result.failed[payment_id] = decision.failure_reason
-    else:
-        result.already_applied.append(payment_id)
+    result.add(decision)
     return result

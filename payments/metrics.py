@@ -8,8 +8,9 @@ Two kinds, both served by ``GET /metrics`` (delaypay/views.py):
   the claim returned and the batch locked. In multiprocess mode they are summed over
   every process of the host (delaypay/prometheus.py).
 * State read at scrape time (``ScheduleCollector``): the schedule's lag from the
-  operational selectors, counts per status (cached), heartbeats of the promoter and of
-  reconcile (a table, so any host sees them), and the Celery queues in Redis.
+  operational selectors, the review queue's size and age, counts per status (cached),
+  heartbeats of the promoter and of reconcile (a table, so any host sees them), and
+  the Celery queues in Redis.
 
 Names and meanings are listed in docs/reference/operations.md ("Metrics").
 """
@@ -21,7 +22,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -67,6 +68,16 @@ batch_apply_seconds = Histogram(
     "Time to apply one execute message (a batch), bisection included.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+degraded_mode = Gauge(
+    "delaypay_degraded_mode",
+    "1 while this promoter executes due payments from the database because Redis is down (payments/fallback.py).",
+    multiprocess_mode="livemax",
+)
+degraded_executed_total = Counter(
+    "delaypay_degraded_executed",
+    "Claimed payments the promoter executed in-process in degraded mode, Redis being down (any outcome: "
+    "delaypay_executed_total has them by outcome).",
+)
 promoter_tick_seconds = Histogram(
     "delaypay_promoter_tick_seconds",
     "Time one promoter tick spent claiming and publishing.",
@@ -103,6 +114,12 @@ def record_tick(result: "TickResult") -> None:
     observe_many(dispatch_lateness_seconds, result.dispatch_lateness)
 
 
+def record_degraded(*, active: bool, executed: int = 0) -> None:
+    """The fallback's state (payments/fallback.py) and the payments it executed in-process."""
+    degraded_mode.set(1 if active else 0)
+    degraded_executed_total.inc(executed)
+
+
 def record_batch(result: BatchResult, *, seconds: float) -> None:
     """Count the outcomes of one applied batch."""
     for outcome, n in (
@@ -117,12 +134,16 @@ def record_batch(result: BatchResult, *, seconds: float) -> None:
         failed[reason] = failed.get(reason, 0) + 1
     for reason, n in failed.items():
         executed_total.labels("failed", reason).inc(n)
+    for reason in result.parked.values():
+        executed_total.labels("parked", reason).inc()
+    if result.retrying:
+        executed_total.labels("retry", "").inc(len(result.retrying))
     observe_many(execution_lateness_seconds, result.execution_lateness)
     batch_apply_seconds.observe(seconds)
 
 
 def record_error() -> None:
-    """One payment's apply raised unexpectedly (it stays claimable, or ends FAILED)."""
+    """One payment's apply raised unexpectedly (it retries on the ladder, or is parked)."""
     executed_total.labels("error", "").inc()
 
 
@@ -168,7 +189,17 @@ class ScheduleCollector(Collector):
         except DatabaseError as exc:
             logger.warning("metrics: database unavailable", extra={"error": type(exc).__name__})
             up.add_metric(["database"], 0)
+        # One quick PING first: a Redis that is down costs the scrape half a second, not
+        # redis-py's retries, and is reported as the broker being down (degraded mode).
+        broker_up = broker.broker_answers()
+        yield GaugeMetricFamily(
+            "delaypay_broker_up",
+            "1 when the Celery broker (Redis) answered a PING at this scrape; 0: the promoter runs degraded.",
+            value=1 if broker_up else 0,
+        )
         try:
+            if not broker_up:
+                raise ConnectionError("the broker did not answer a PING")
             yield from self._redis()
             up.add_metric(["redis"], 1)
         except Exception as exc:  # redis-py raises several families; the scrape goes on
@@ -179,6 +210,7 @@ class ScheduleCollector(Collector):
     def _database(self) -> list[GaugeMetricFamily]:
         # Everything is read first so a failure yields nothing half-done.
         health = selectors.schedule_health()
+        review = selectors.review_queue_health()
         counts = payment_counts_cached(self.counts_max_age)
         beats = selectors.heartbeat_readings()
         families = [
@@ -192,6 +224,12 @@ class ScheduleCollector(Collector):
             GaugeMetricFamily("delaypay_in_flight", "EXECUTING payments with a live lease.", value=health.in_flight),
             GaugeMetricFamily("delaypay_leases_expired", "EXECUTING payments whose lease has expired.",
                               value=health.leases_expired),
+            GaugeMetricFamily("delaypay_needs_review",
+                              "Payments parked in NEEDS_REVIEW, waiting for staff to re-drive or resolve them.",
+                              value=review.count),
+            GaugeMetricFamily("delaypay_needs_review_oldest_age_seconds",
+                              "How long the oldest NEEDS_REVIEW payment has waited since it was parked (0 when none).",
+                              value=review.oldest_age_seconds),
         ]
         by_status = GaugeMetricFamily(
             "delaypay_payments", "Payments by status (cached for a few seconds).", labels=["status"]

@@ -21,6 +21,10 @@ class PaymentStatus(models.TextChoices):
     EXECUTED = "EXECUTED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    # Parked for staff: the retry budget is spent or the outcome is ambiguous. Moves no
+    # money by itself and is not final: staff re-drive it (back to SCHEDULED) or resolve
+    # it as failed; its creator may still cancel it.
+    NEEDS_REVIEW = "NEEDS_REVIEW"
 
 
 TERMINAL_STATUSES = frozenset({PaymentStatus.EXECUTED, PaymentStatus.FAILED, PaymentStatus.CANCELLED})
@@ -30,10 +34,17 @@ TERMINAL_STATUSES = frozenset({PaymentStatus.EXECUTED, PaymentStatus.FAILED, Pay
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
     # SCHEDULED -> SCHEDULED is a reschedule (PATCH of the amount or the due time).
     PaymentStatus.SCHEDULED: frozenset({PaymentStatus.SCHEDULED, PaymentStatus.EXECUTING, PaymentStatus.CANCELLED}),
-    # EXECUTING -> EXECUTING is the re-claim of an expired lease (attempt + 1).
-    PaymentStatus.EXECUTING: frozenset(
-        {PaymentStatus.EXECUTING, PaymentStatus.EXECUTED, PaymentStatus.FAILED}
-    ),
+    # EXECUTING -> EXECUTING is the re-claim of an expired lease (attempt + 1);
+    # EXECUTING -> SCHEDULED a retry after an error (next_attempt_at on the ladder);
+    # EXECUTING -> NEEDS_REVIEW the retry budget spent.
+    PaymentStatus.EXECUTING: frozenset({
+        PaymentStatus.EXECUTING, PaymentStatus.EXECUTED, PaymentStatus.FAILED,
+        PaymentStatus.SCHEDULED, PaymentStatus.NEEDS_REVIEW,
+    }),
+    # Re-drive (-> SCHEDULED, a fresh budget), resolve as failed, or the creator's cancel.
+    PaymentStatus.NEEDS_REVIEW: frozenset({
+        PaymentStatus.NEEDS_REVIEW, PaymentStatus.SCHEDULED, PaymentStatus.FAILED, PaymentStatus.CANCELLED,
+    }),
     PaymentStatus.EXECUTED: frozenset(),
     PaymentStatus.FAILED: frozenset(),
     PaymentStatus.CANCELLED: frozenset(),
@@ -46,6 +57,11 @@ class FailureReason(models.TextChoices):
     ACCOUNT_CLOSED = "account_closed"
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     EXPIRED = "expired"  # could not start by execute_at + expires_after
+    RESOLVED_BY_STAFF = "resolved_by_staff"  # a NEEDS_REVIEW payment resolved as failed (reason in its event)
+
+
+class ReviewReason(models.TextChoices):
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # DELAYPAY_MAX_ATTEMPTS worker starts without an outcome
 
 
 class ScheduledPayment(models.Model):
@@ -64,7 +80,7 @@ class ScheduledPayment(models.Model):
     amount = models.BigIntegerField()
     execute_at = models.DateTimeField()
     status = models.CharField(
-        max_length=10,
+        max_length=12,
         choices=PaymentStatus.choices,
         default=PaymentStatus.SCHEDULED,
         db_default=PaymentStatus.SCHEDULED,
@@ -73,6 +89,15 @@ class ScheduledPayment(models.Model):
     # The fencing token: every claim increments it; a worker holding an older
     # attempt changes nothing.
     attempt = models.IntegerField(default=0, db_default=0)
+    # The retry budget counts worker starts, not claims: a claim whose message no worker
+    # ever started (workers down, Redis lost it) costs nothing. ``tries`` is bumped once
+    # per claim (``tried_attempt`` remembers which) when a worker starts the batch.
+    tries = models.IntegerField(default=0, db_default=0)
+    tried_attempt = models.IntegerField(null=True, blank=True)
+    # A retry after an error waits on the ladder (DELAYPAY_RETRY_DELAYS) until then; a
+    # re-drive may set it too. NULL: due at execute_at.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    review_reason = models.CharField(max_length=40, blank=True, default="", db_default="")
     lease_until = models.DateTimeField(null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
     executed_at = models.DateTimeField(null=True, blank=True)
@@ -99,7 +124,10 @@ class ScheduledPayment(models.Model):
 
     class Meta:
         ordering = ["execute_at", "id"]
-        permissions = [("cancel_scheduledpayment", "Can cancel a scheduled payment")]
+        permissions = [
+            ("cancel_scheduledpayment", "Can cancel a scheduled payment"),
+            ("redrive_scheduledpayment", "Can re-drive or resolve a payment that needs review"),
+        ]
         constraints = [
             models.CheckConstraint(condition=models.Q(amount__gt=0), name="payments_amount_positive"),
             models.CheckConstraint(
@@ -138,13 +166,30 @@ class ScheduledPayment(models.Model):
                 condition=~models.Q(status="CANCELLED") | models.Q(cancelled_at__isnull=False),
                 name="payments_cancelled_has_time",
             ),
+            models.CheckConstraint(
+                condition=~models.Q(status="NEEDS_REVIEW") | ~models.Q(review_reason=""),
+                name="payments_review_has_reason",
+            ),
+            models.CheckConstraint(condition=models.Q(tries__gte=0), name="payments_tries_non_negative"),
         ]
         indexes = [
             # The sweep: due SCHEDULED rows, oldest first.
             models.Index(
                 fields=["execute_at", "id"],
-                condition=models.Q(status="SCHEDULED"),
+                condition=models.Q(status="SCHEDULED", next_attempt_at__isnull=True),
                 name="payments_due_idx",
+            ),
+            # Retries waiting on the ladder (few rows), in the order they fall due again.
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                condition=models.Q(status="SCHEDULED", next_attempt_at__isnull=False),
+                name="payments_retry_idx",
+            ),
+            # The review queue (few rows): its gauge, its age and the admin's list.
+            models.Index(
+                fields=["updated_at"],
+                condition=models.Q(status="NEEDS_REVIEW"),
+                name="payments_review_idx",
             ),
             # Crash recovery: EXECUTING rows whose lease has expired.
             models.Index(
@@ -297,7 +342,8 @@ class ExecutionAttempt(models.Model):
         FAILED = "failed"
         ALREADY_APPLIED = "already_applied"  # a retry found the transfer and converged
         STALE = "stale"  # a message whose attempt was superseded: changed nothing
-        ERROR = "error"  # unexpected error; the payment stays claimable
+        ERROR = "error"  # unexpected error; the payment retries on the ladder or is parked
+        PARKED = "parked"  # started past its budget: moved to NEEDS_REVIEW without an apply
 
     # Indexed by payments_attempt_unique (payment, attempt): no second index.
     payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="attempts", db_index=False)
@@ -325,16 +371,19 @@ class PaymentEvent(models.Model):
         CREATED = "created"
         CANCELLED = "cancelled"
         CLAIMED = "claimed"
-        RECLAIMED = "reclaimed"  # claimed again after its lease expired
+        RECLAIMED = "reclaimed"  # claimed again: its lease expired, a retry, or a re-drive
         EXECUTED = "executed"
         FAILED = "failed"
+        RETRY_SCHEDULED = "retry_scheduled"  # EXECUTING -> SCHEDULED after an error (next_attempt_at in data)
+        PARKED = "parked"  # -> NEEDS_REVIEW (review_reason in data)
+        REDRIVEN = "redriven"  # NEEDS_REVIEW -> SCHEDULED by staff (reason in data)
         UPDATED = "updated"  # amount / execute_at edited while SCHEDULED (old and new in data)
 
     # Indexed by payments_event_payment_idx (payment, id): no second index.
     payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="events", db_index=False)
     kind = models.CharField(max_length=20, choices=Kind.choices)
-    from_status = models.CharField(max_length=10, blank=True, default="")
-    to_status = models.CharField(max_length=10)
+    from_status = models.CharField(max_length=12, blank=True, default="")
+    to_status = models.CharField(max_length=12)
     attempt = models.IntegerField(default=0)
     actor = models.CharField(max_length=200, help_text="user:<id>, promoter, or worker:<name>")
     actor_user = models.ForeignKey(

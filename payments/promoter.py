@@ -33,8 +33,10 @@ Pair = tuple[str, int]  # (payment_id, attempt)
 
 @dataclass
 class Claim:
-    fresh: list[Pair] = field(default_factory=list)  # were SCHEDULED
+    fresh: list[Pair] = field(default_factory=list)  # were SCHEDULED (due, or a retry whose wait is over)
     reclaimed: list[Pair] = field(default_factory=list)  # lease had expired
+    # Of the reclaimed, those a worker had started (it died or hung mid-way): suspects.
+    started: set[Pair] = field(default_factory=set)
     dispatch_lateness: list[float] = field(default_factory=list)  # seconds, of the fresh ones
 
     def __len__(self) -> int:
@@ -64,12 +66,14 @@ def claim_due(*, batch: int, lease_seconds: float, actor: str = "promoter") -> C
     claim = Claim()
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(sql.CLAIM_DUE, claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor))
-        for payment_id, attempt, previous, lateness in cur.fetchall():
+        for payment_id, attempt, previous, lateness, started in cur.fetchall():
             if previous == "SCHEDULED":
                 claim.fresh.append((payment_id, attempt))
                 claim.dispatch_lateness.append(lateness)
             else:
                 claim.reclaimed.append((payment_id, attempt))
+                if started:
+                    claim.started.add((payment_id, attempt))
     return claim
 
 
@@ -80,13 +84,17 @@ def count_in_flight() -> int:
 
 
 def messages_for(claim: Claim) -> list[list[Pair]]:
-    """One message for the fresh batch; one per re-claimed payment.
-
-    A payment whose lease expired may be the one that killed its worker: sending it
-    alone keeps it from taking a healthy batch down with it again.
+    """One message for the fresh batch; one for the re-claimed payments whose message was
+    lost before any worker started it (workers down, Redis restarted): they are innocent,
+    and thousands of them after an outage go out in batches; one message each for the
+    re-claimed payments a worker had started: such a payment may be the one that killed
+    its worker, and alone it cannot take a healthy batch down with it again.
     """
     messages = [claim.fresh] if claim.fresh else []
-    messages.extend([pair] for pair in claim.reclaimed)
+    lost = [pair for pair in claim.reclaimed if pair not in claim.started]
+    if lost:
+        messages.append(lost)
+    messages.extend([pair] for pair in claim.reclaimed if pair in claim.started)
     return messages
 
 
@@ -102,11 +110,12 @@ def execute_in_process(pairs: list[Pair]) -> None:
     run_batch([tuple(p) for p in pairs], worker=f"promoter:{worker_name()}")
 
 
-def promoter_run_tick() -> "TickResult":
+def promoter_run_tick(*, degraded: bool = False) -> "TickResult":
     """One beat tick (the promoter_tick task): generate due recurring occurrences, claim
-    due payments and publish them, then record the heartbeat, metrics and log lines."""
+    due payments and publish them, then record the heartbeat, metrics and log lines.
+    ``degraded``: a tick of the fallback while Redis is down (payments/fallback.py)."""
     recurring_generate_due()
-    result = promoter_tick()
+    result = promoter_tick(degraded=degraded)
     services.heartbeat_record(name=Heartbeat.PROMOTER)
     metrics.record_tick(result)
     for payment_id, attempt in result.reclaimed_pairs:
@@ -124,6 +133,7 @@ def promoter_run_tick() -> "TickResult":
                 "executed_in_process": result.executed_in_process,
                 "in_flight": result.in_flight,
                 "capped": result.capped,
+                "degraded": degraded,
                 "tick_ms": round(result.seconds * 1000, 1),
                 "max_dispatch_lateness_s": round(max(result.dispatch_lateness, default=0.0), 3),
             },
@@ -139,12 +149,15 @@ def promoter_tick(
     lease_seconds: float | None = None,
     budget_seconds: float | None = None,
     in_flight_cap: int | None = None,
+    degraded: bool = False,
 ) -> TickResult:
     """Claim and publish until nothing is due, the budget is spent or the cap is hit.
 
     ``publish`` sends messages after each claim's commit. If it raises (Redis is down),
     the rows just claimed are executed here, in-process, so they neither wait for
     their lease to expire nor burn an attempt; the tick then stops claiming.
+    ``degraded`` (Redis is known to be down, payments/fallback.py): no publish is tried;
+    one claim is executed in-process, as when publishing fails.
     """
     batch = batch or settings.DELAYPAY_CLAIM_BATCH
     lease_seconds = lease_seconds or settings.DELAYPAY_LEASE_SECONDS
@@ -169,11 +182,14 @@ def promoter_tick(
         result.dispatch_lateness += claim.dispatch_lateness
         in_flight += len(claim)
         messages = messages_for(claim)
-        try:
-            publish(messages)
-            result.messages += len(messages)
-        except Exception:
-            logger.exception("publish failed; executing %d claimed payments in-process", len(claim))
+        if not degraded:
+            try:
+                publish(messages)
+                result.messages += len(messages)
+            except Exception:
+                logger.exception("publish failed; executing %d claimed payments in-process", len(claim))
+                degraded = True
+        if degraded:
             for message in messages:
                 execute_in_process(message)
                 result.executed_in_process += len(message)

@@ -23,7 +23,13 @@ from django.db.models.lookups import Exact, In
 from ledger.models import Account
 
 from . import sql
-from .exceptions import PaymentCancelForbidden, PaymentNotFound, RecurringNotFound, StaffActionForbidden
+from .exceptions import (
+    PaymentCancelForbidden,
+    PaymentNotFound,
+    PaymentReviewForbidden,
+    RecurringNotFound,
+    StaffActionForbidden,
+)
 from .models import (
     TERMINAL_STATUSES,
     ExecutionAttempt,
@@ -97,6 +103,20 @@ def payment_authorize_cancel(*, user, payment_id: str) -> None:
         user=user, rows=ScheduledPayment.objects.all(), pk=payment_id,
         permission="payments.cancel_scheduledpayment", forbidden=PaymentCancelForbidden(), missing=PaymentNotFound(),
     )
+
+
+def payment_authorize_review(*, user, payment_id: str) -> None:
+    """Raise unless ``user`` may re-drive or resolve the payment: staff with
+    ``payments.redrive_scheduledpayment`` (it moves money again, so not its creator);
+    the creator gets 403, anyone else 404."""
+    rows = ScheduledPayment.objects.all()
+    if user.is_staff and rows.filter(pk=payment_id).exists():
+        if user.has_perm("payments.redrive_scheduledpayment"):
+            return
+        raise PaymentReviewForbidden()
+    if _own(rows, user).filter(pk=payment_id).exists():
+        raise PaymentReviewForbidden()
+    raise PaymentNotFound()
 
 
 def payment_authorize_update(*, user, payment_id: str) -> None:
@@ -175,6 +195,20 @@ def schedule_health() -> ScheduleHealth:
         cur.execute(sql.LEASE_COUNTS)
         in_flight, expired = cur.fetchone()
     return ScheduleHealth(max(float(age), 0.0), overdue, in_flight, expired)
+
+
+@dataclass(frozen=True)
+class ReviewQueue:
+    count: int  # payments parked in NEEDS_REVIEW
+    oldest_age_seconds: float  # how long the oldest has waited since it was parked; 0 when none
+
+
+def review_queue_health() -> ReviewQueue:
+    """The review queue's size and age, from its partial index (payments_review_idx)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.REVIEW_QUEUE)
+        count, age = cur.fetchone()
+    return ReviewQueue(count, max(float(age), 0.0))
 
 
 def payment_counts_by_status() -> dict[str, int]:

@@ -1,5 +1,6 @@
-"""Payment writes: schedule, update and cancel. Every state change is a conditional
-UPDATE (compare-and-set) plus its audit event, in one transaction."""
+"""Payment writes: schedule, update, cancel, and the review queue's re-drive and resolve.
+Every state change is a conditional UPDATE (compare-and-set) plus its audit event, in
+one transaction."""
 
 import random
 from dataclasses import dataclass
@@ -7,8 +8,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
-from django.db.models.functions import Now
 
 from ledger.models import Account
 
@@ -17,10 +16,11 @@ from .exceptions import (
     PaymentNotCancellable,
     PaymentNotEditable,
     PaymentNotFound,
+    PaymentNotInReview,
     PaymentValidationError,
     VersionMismatch,
 )
-from .models import Heartbeat, PaymentEvent, PaymentStatus, ScheduledPayment
+from .models import FailureReason, Heartbeat, PaymentEvent, PaymentStatus, ScheduledPayment
 
 MAX_JITTER_SECONDS = 3600
 MAX_EXPIRES_AFTER = timedelta(days=365)
@@ -240,7 +240,8 @@ class CancelOutcome:
 
 
 def payment_cancel(*, payment_id: str, actor) -> ScheduledPayment:
-    """Cancel a SCHEDULED payment: a CAS that races the claim on the same precondition.
+    """Cancel a SCHEDULED (or NEEDS_REVIEW) payment: a CAS that races the claim on the
+    same precondition.
 
     A repeated cancel returns the cancelled payment; a payment already claimed or
     finished raises PaymentNotCancellable carrying its status.
@@ -251,29 +252,108 @@ def payment_cancel(*, payment_id: str, actor) -> ScheduledPayment:
 def payment_cancel_outcome(*, payment_id: str, actor) -> CancelOutcome:
     """``payment_cancel`` that also says whether this call won the CAS (the admin
     reports "cancelled" and "already cancelled" apart)."""
-    with transaction.atomic():
-        won = ScheduledPayment.objects.filter(pk=payment_id, status=PaymentStatus.SCHEDULED).update(
-            status=PaymentStatus.CANCELLED,
-            cancelled_at=Now(),
-            updated_at=Now(),
-            version=F("version") + 1,
-        )
-        if won:
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(sql.CANCEL_PENDING, [payment_id])
+        row = cur.fetchone()
+        if row is not None:
             PaymentEvent.objects.create(
                 payment_id=payment_id,
                 kind=PaymentEvent.Kind.CANCELLED,
-                from_status=PaymentStatus.SCHEDULED,
+                from_status=row[0],
                 to_status=PaymentStatus.CANCELLED,
                 actor=actor_label(actor),
                 actor_user=actor,
             )
-    # Zero rows means someone else won (or it never existed): answer from the real row.
+    # Nothing updated means someone else won (or it never existed): answer from the real row.
     payment = ScheduledPayment.objects.filter(pk=payment_id).first()
     if payment is None:
         raise PaymentNotFound()
     if payment.status != PaymentStatus.CANCELLED:
         raise PaymentNotCancellable(payment.status)
-    return CancelOutcome(payment, cancelled_now=bool(won))
+    return CancelOutcome(payment, cancelled_now=row is not None)
+
+
+MAX_REVIEW_REASON = 500
+
+
+def _check_review_reason(reason, errors: dict[str, list[str]]) -> None:
+    if not isinstance(reason, str) or not reason.strip():
+        errors.setdefault("reason", []).append("Say why (it goes into the payment's audit trail).")
+    elif len(reason) > MAX_REVIEW_REASON:
+        errors.setdefault("reason", []).append(f"At most {MAX_REVIEW_REASON} characters.")
+
+
+def _last_review_event(payment_id: str) -> PaymentEvent | None:
+    review_kinds = [PaymentEvent.Kind.PARKED, PaymentEvent.Kind.REDRIVEN, PaymentEvent.Kind.FAILED]
+    return PaymentEvent.objects.filter(payment_id=payment_id, kind__in=review_kinds).order_by("-id").first()
+
+
+@dataclass
+class ReviewOutcome:
+    payment: ScheduledPayment
+    changed_now: bool  # False: an earlier identical call had already done it
+
+
+def payment_redrive(*, payment_id: str, actor, reason: str, execute_at: datetime | None = None) -> ReviewOutcome:
+    """Send a NEEDS_REVIEW payment through again: back to SCHEDULED with a fresh retry
+    budget, due at once or at ``execute_at``. A CAS on NEEDS_REVIEW, audited with the
+    staff actor and reason. Repeating it after it succeeded changes nothing and answers
+    the payment as it is now; on a payment that is not in review it raises
+    PaymentNotInReview."""
+    errors: dict[str, list[str]] = {}
+    _check_review_reason(reason, errors)
+    if execute_at is not None:
+        _check_execute_at(execute_at, errors)
+    if errors:
+        raise PaymentValidationError(errors)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(sql.REDRIVE, {"id": payment_id, "next_attempt_at": execute_at})
+        row = cur.fetchone()
+        if row is not None:
+            data = {"reason": reason, **({"execute_at": execute_at.isoformat()} if execute_at else {})}
+            PaymentEvent.objects.create(
+                payment_id=payment_id, kind=PaymentEvent.Kind.REDRIVEN, from_status=PaymentStatus.NEEDS_REVIEW,
+                to_status=PaymentStatus.SCHEDULED, attempt=row[0], actor=actor_label(actor), actor_user=actor,
+                data=data,
+            )
+            return ReviewOutcome(ScheduledPayment.objects.get(pk=payment_id), changed_now=True)
+    payment = ScheduledPayment.objects.filter(pk=payment_id).first()
+    if payment is None:
+        raise PaymentNotFound()
+    last = _last_review_event(payment_id)
+    if last is not None and last.kind == PaymentEvent.Kind.REDRIVEN:
+        return ReviewOutcome(payment, changed_now=False)  # re-driven already: a retried request
+    raise PaymentNotInReview(payment.status)
+
+
+def payment_resolve(*, payment_id: str, actor, outcome: str, reason: str) -> ReviewOutcome:
+    """Close a NEEDS_REVIEW payment as FAILED(resolved_by_staff): nothing moves, the
+    reason and the staff actor go into its failed event. Only ``outcome="failed"`` is
+    offered: a payment whose money moved is never parked (the guard converges it to
+    EXECUTED), so there is nothing else to resolve it to. Idempotent like re-drive."""
+    errors: dict[str, list[str]] = {}
+    if outcome != "failed":
+        errors.setdefault("outcome", []).append('Must be "failed".')
+    _check_review_reason(reason, errors)
+    if errors:
+        raise PaymentValidationError(errors)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(sql.RESOLVE_FAILED, {"id": payment_id})
+        row = cur.fetchone()
+        if row is not None:
+            PaymentEvent.objects.create(
+                payment_id=payment_id, kind=PaymentEvent.Kind.FAILED, from_status=PaymentStatus.NEEDS_REVIEW,
+                to_status=PaymentStatus.FAILED, attempt=row[0], actor=actor_label(actor), actor_user=actor,
+                data={"outcome": "resolved", "failure_reason": FailureReason.RESOLVED_BY_STAFF.value,
+                      "review_reason": row[1], "reason": reason},
+            )
+            return ReviewOutcome(ScheduledPayment.objects.get(pk=payment_id), changed_now=True)
+    payment = ScheduledPayment.objects.filter(pk=payment_id).first()
+    if payment is None:
+        raise PaymentNotFound()
+    if payment.status == PaymentStatus.FAILED and payment.failure_reason == FailureReason.RESOLVED_BY_STAFF:
+        return ReviewOutcome(payment, changed_now=False)
+    raise PaymentNotInReview(payment.status)
 
 
 def heartbeat_record(*, name: str, value: int = 0) -> None:

@@ -25,23 +25,32 @@ the statement expects and why it is shaped as it is.
 # partial index in order and stops after LIMIT rows.
 CLAIM_DUE = """
 WITH fresh AS (
-    SELECT id, status FROM payments_scheduledpayment
-     WHERE status = 'SCHEDULED' AND execute_at <= now()
+    SELECT id, status, execute_at AS due_at FROM payments_scheduledpayment
+     WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now()
      ORDER BY execute_at, id
      LIMIT %(batch)s
        FOR UPDATE SKIP LOCKED
+), retry AS (
+    -- Retries whose wait on the ladder is over (payments_retry_idx, few rows).
+    SELECT id, status, next_attempt_at AS due_at FROM payments_scheduledpayment
+     WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL AND next_attempt_at <= now()
+     ORDER BY next_attempt_at, id
+     LIMIT %(batch)s
+       FOR UPDATE SKIP LOCKED
 ), expired AS (
-    SELECT id, status FROM payments_scheduledpayment
+    SELECT id, status, lease_until AS due_at FROM payments_scheduledpayment
      WHERE status = 'EXECUTING' AND lease_until < now()
      ORDER BY lease_until
      LIMIT %(reclaim_batch)s
        FOR UPDATE SKIP LOCKED
 ), due AS (
-    -- Expired leases first (they are the oldest work); the whole claim stays within the
-    -- caller's room under the in-flight cap. Rows locked above the limit are released
-    -- at commit, untouched.
-    SELECT id, status FROM (
-        SELECT id, status, 0 AS rank FROM expired UNION ALL SELECT id, status, 1 FROM fresh
+    -- Expired leases first (they are the oldest work), then retries, then fresh rows;
+    -- the whole claim stays within the caller's room under the in-flight cap. Rows
+    -- locked above the limit are released at commit, untouched.
+    SELECT id, status, due_at FROM (
+        SELECT id, status, due_at, 0 AS rank FROM expired
+        UNION ALL SELECT id, status, due_at, 1 FROM retry
+        UNION ALL SELECT id, status, due_at, 2 FROM fresh
     ) candidates
     ORDER BY rank
     LIMIT %(batch)s
@@ -51,19 +60,23 @@ WITH fresh AS (
            attempt = p.attempt + 1,
            lease_until = now() + make_interval(secs => %(lease)s),
            claimed_at = now(),
+           next_attempt_at = NULL,
            updated_at = now()
       FROM due
      WHERE p.id = due.id
- RETURNING p.id, p.attempt, due.status AS previous_status, p.execute_at
+ RETURNING p.id, p.attempt, due.status AS previous_status, due.due_at, p.execute_at, p.tried_attempt
 ), audit AS (
     INSERT INTO payments_paymentevent
            (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
     SELECT id,
-           CASE WHEN previous_status = 'SCHEDULED' THEN 'claimed' ELSE 'reclaimed' END,
+           CASE WHEN attempt = 1 THEN 'claimed' ELSE 'reclaimed' END,
            previous_status, 'EXECUTING', attempt, %(actor)s, '{}'::jsonb, now()
       FROM claimed
 )
-SELECT id, attempt, previous_status, extract(epoch FROM now() - execute_at)::float8 AS lateness
+-- started: the expired claim had been started by a worker (it crashed or hung mid-way)
+-- rather than lost before any worker saw it.
+SELECT id, attempt, previous_status, extract(epoch FROM now() - due_at)::float8 AS lateness,
+       previous_status = 'EXECUTING' AND tried_attempt IS NOT DISTINCT FROM attempt - 1 AS started
   FROM claimed ORDER BY execute_at, id
 """
 
@@ -89,7 +102,7 @@ COUNT_IN_FLIGHT = (
 # in-flight rows: O(in-flight) per batch instead of O(batch).
 LOCK_FENCED = """
 SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
-       coalesce(p.execute_at + p.expires_after < now(), false) AS expired
+       coalesce(p.execute_at + p.expires_after < now(), false) AS expired, p.tries
   FROM payments_scheduledpayment p
   JOIN unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
     ON m.id = p.id AND m.attempt = p.attempt AND m.status = p.status
@@ -102,10 +115,11 @@ SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_
 FINISH_FENCED = """
 UPDATE payments_scheduledpayment p
    SET status = v.status, failure_reason = v.reason, executed_at = v.executed_at,
-       lease_until = NULL, updated_at = now()
+       review_reason = v.review_reason, next_attempt_at = v.next_attempt_at, lease_until = NULL, updated_at = now()
   FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[], %(statuses)s::text[],
-              %(reasons)s::text[], %(executed_ats)s::timestamptz[])
-       AS v(id, attempt, expected, status, reason, executed_at)
+              %(reasons)s::text[], %(executed_ats)s::timestamptz[], %(review_reasons)s::text[],
+              %(next_attempt_ats)s::timestamptz[])
+       AS v(id, attempt, expected, status, reason, executed_at, review_reason, next_attempt_at)
  WHERE p.id = ANY(%(ids)s::text[]) AND p.id = v.id AND p.attempt = v.attempt AND p.status = v.expected
 """
 
@@ -119,7 +133,8 @@ ON CONFLICT (payment_id, attempt) DO NOTHING
 """
 
 
-# The executed/failed event of each finished payment; %s: actor, then the arrays.
+# The event of each payment leaving EXECUTING (executed, failed, parked, retry_scheduled);
+# %s: actor, then the arrays.
 INSERT_FINISH_EVENTS = """
 INSERT INTO payments_paymentevent (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
 SELECT v.id, v.kind, 'EXECUTING', v.status, v.attempt, %s, v.data::jsonb, now()
@@ -138,18 +153,64 @@ ON CONFLICT (payment_id, attempt) DO NOTHING
 """
 
 
-# An unexpected error below the attempt limit: the payment stays EXECUTING and its lease
-# is shortened to the backoff, so the next claim after it retries (attempt + 1).
-SHORTEN_LEASE = """
-UPDATE payments_scheduledpayment
-   SET lease_until = now() + make_interval(secs => %(backoff)s), updated_at = now()
- WHERE id = %(id)s AND status = 'EXECUTING' AND attempt = %(attempt)s
+# A worker starts a batch: one try more for each payment still EXECUTING at the message's
+# attempt, counted once per claim (a redelivered or retried message does not count
+# again), committed before the work so that a worker that dies mid-way still spent it.
+# Only unindexed columns change, so the update stays HOT (no index entry per row). The
+# expected status is a column of the unnest for the reason given at LOCK_FENCED.
+ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
+MARK_STARTED = """
+UPDATE payments_scheduledpayment p
+   SET tries = p.tries + 1, tried_attempt = p.attempt
+  FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
+ WHERE p.id = ANY(%(ids)s::text[]) AND p.id = m.id AND p.attempt = m.attempt AND p.status = m.status
+   AND p.tried_attempt IS DISTINCT FROM p.attempt
 """
 
 
 # ======================================================================================
 # Schedule and reschedule (services.py)
 # ======================================================================================
+
+# Cancel: a CAS from SCHEDULED or NEEDS_REVIEW (the claim races it on the same row),
+# returning the status it left so the event records it; %s: the payment id.
+CANCEL_PENDING = """
+WITH old AS (
+    SELECT id, status FROM payments_scheduledpayment
+     WHERE id = %s AND status IN ('SCHEDULED', 'NEEDS_REVIEW') FOR UPDATE
+)
+UPDATE payments_scheduledpayment p
+   SET status = 'CANCELLED', cancelled_at = now(), updated_at = now(), version = p.version + 1
+  FROM old
+ WHERE p.id = old.id
+RETURNING old.status
+"""
+
+
+# Re-drive: NEEDS_REVIEW -> SCHEDULED with a fresh budget, due again at %(next_attempt_at)s
+# (NULL: at once, its execute_at has passed); returns the attempt for the event.
+REDRIVE = """
+UPDATE payments_scheduledpayment
+   SET status = 'SCHEDULED', tries = 0, tried_attempt = NULL, review_reason = '',
+       next_attempt_at = %(next_attempt_at)s, updated_at = now(), version = version + 1
+ WHERE id = %(id)s AND status = 'NEEDS_REVIEW'
+RETURNING attempt, tries
+"""
+
+
+# Resolve as failed: NEEDS_REVIEW -> FAILED(resolved_by_staff); returns the attempt and
+# the review reason for the event.
+RESOLVE_FAILED = """
+WITH old AS (
+    SELECT id, review_reason FROM payments_scheduledpayment WHERE id = %(id)s AND status = 'NEEDS_REVIEW' FOR UPDATE
+)
+UPDATE payments_scheduledpayment p
+   SET status = 'FAILED', failure_reason = 'resolved_by_staff', updated_at = now(), version = p.version + 1
+  FROM old
+ WHERE p.id = old.id
+RETURNING p.attempt, old.review_reason
+"""
+
 
 # The database clock: the only clock that decides what is due.
 DB_NOW = "SELECT now()"
@@ -191,10 +252,11 @@ SELECT id FROM payments_recurringpayment
 # Lag and outcome readings (selectors.py: metrics, health, dashboard)
 # ======================================================================================
 
-# Overdue SCHEDULED payments: the oldest one's age and how many (payments_due_idx).
+# Overdue SCHEDULED payments: the oldest one's age and how many (payments_due_idx). A retry
+# waiting on its ladder is not overdue: it is waiting by design (DELAYPAY_RETRY_DELAYS).
 SCHEDULE_LAG = """
 SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0), count(*)
-  FROM payments_scheduledpayment WHERE status = 'SCHEDULED' AND execute_at <= now()
+  FROM payments_scheduledpayment WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now()
 """
 
 
@@ -290,7 +352,7 @@ WITH j AS (
        AND (amount <> p_amount OR debit <> from_account_id OR credit <> to_account_id)
     UNION ALL
     SELECT DISTINCT 'transfer_without_execution', id || ' ' || status
-      FROM j WHERE status IN ('SCHEDULED', 'CANCELLED', 'FAILED') AND key IS NOT NULL
+      FROM j WHERE status IN ('SCHEDULED', 'CANCELLED', 'FAILED', 'NEEDS_REVIEW') AND key IS NOT NULL
     UNION ALL
     SELECT 'transfer_for_missing_payment', key FROM j WHERE id IS NULL
 )
@@ -332,7 +394,13 @@ WITH v AS (
     SELECT 'overdue_scheduled',
            id || ' due ' || floor(extract(epoch FROM now() - execute_at))::bigint || 's ago'
       FROM payments_scheduledpayment
-     WHERE status = 'SCHEDULED' AND execute_at < now() - make_interval(secs => %(overdue)s)
+     WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at < now() - make_interval(secs => %(overdue)s)
+    UNION ALL
+    SELECT 'overdue_scheduled',
+           id || ' retry due ' || floor(extract(epoch FROM now() - next_attempt_at))::bigint || 's ago'
+      FROM payments_scheduledpayment
+     WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL
+       AND next_attempt_at < now() - make_interval(secs => %(overdue)s)
 )
 SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
 """
@@ -373,6 +441,7 @@ WITH ev AS (
            max(attempt) FILTER (WHERE outcome = 'already_applied') AS already_applied_at,
            max(attempt) FILTER (WHERE outcome = 'failed') AS failed_at,
            max(attempt) FILTER (WHERE outcome = 'error') AS error_at,
+           max(attempt) FILTER (WHERE outcome = 'parked') AS parked_at,
            max(attempt) FILTER (WHERE outcome = 'stale') AS stale_at
       FROM payments_executionattempt
      GROUP BY payment_id
@@ -411,9 +480,15 @@ WITH ev AS (
                     THEN 'EXECUTED but attempt ' || p.attempt || ' is ' || coalesce(fin.final_outcome, 'missing') END,
                CASE WHEN p.status = 'FAILED'
                          AND fin.final_outcome IS DISTINCT FROM 'failed' AND fin.final_outcome IS DISTINCT FROM 'error'
+                         AND fin.final_outcome IS DISTINCT FROM 'parked'
                     THEN 'FAILED but attempt ' || p.attempt || ' is ' || coalesce(fin.final_outcome, 'missing') END,
-               CASE WHEN p.status IN ('SCHEDULED', 'CANCELLED') AND coalesce(at.n, 0) > 0
-                    THEN p.status || ' with ' || at.n || ' attempt rows' END,
+               CASE WHEN p.status IN ('SCHEDULED', 'CANCELLED', 'NEEDS_REVIEW')
+                         AND fin.final_outcome IN ('executed', 'already_applied', 'failed')
+                    THEN p.status || ' but attempt ' || p.attempt || ' is ' || fin.final_outcome END,
+               CASE WHEN p.status = 'NEEDS_REVIEW'
+                         AND fin.final_outcome IS DISTINCT FROM 'parked' AND fin.final_outcome IS DISTINCT FROM 'error'
+                    THEN 'NEEDS_REVIEW but attempt ' || p.attempt || ' is '
+                         || coalesce(fin.final_outcome, 'missing') END,
                CASE WHEN p.status = 'EXECUTING'
                          AND fin.final_outcome IN ('executed', 'already_applied', 'failed')
                     THEN 'EXECUTING but attempt ' || p.attempt || ' is ' || fin.final_outcome END
@@ -424,7 +499,7 @@ WITH ev AS (
       CROSS JOIN LATERAL (
           SELECT CASE p.attempt WHEN at.executed_at THEN 'executed' WHEN at.already_applied_at THEN 'already_applied'
                                 WHEN at.failed_at THEN 'failed' WHEN at.error_at THEN 'error'
-                                WHEN at.stale_at THEN 'stale' END AS final_outcome,
+                                WHEN at.parked_at THEN 'parked' WHEN at.stale_at THEN 'stale' END AS final_outcome,
                  at.first_attempt < 1 OR at.last_attempt > p.attempt AS out_of_range,
                  at.finishing - CASE WHEN at.last_finishing = p.attempt THEN 1 ELSE 0 END AS finished_by_old_attempt
       ) fin
@@ -435,4 +510,32 @@ WITH ev AS (
     SELECT 'attempt_history', id || ' ' || status || ': ' || attempt_problem FROM h WHERE attempt_problem <> ''
 )
 SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
+"""
+
+
+# ======================================================================================
+# Degraded mode (fallback.py)
+# ======================================================================================
+
+# While Redis is down one promoter of the fleet executes from the database: the one that
+# holds this session-level advisory lock (a bigint key). Taken on a connection of its own
+# and kept across transactions; PostgreSQL drops it when that session ends, so a promoter
+# that dies hands it on. The "try" form never waits: a promoter that does not get it
+# just looks again a second later.
+FALLBACK_TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
+FALLBACK_UNLOCK = "SELECT pg_advisory_unlock(%s)"
+# Is this session (and so its lock) still alive? Asked before each degraded round.
+FALLBACK_SESSION_ALIVE = "SELECT 1"
+
+
+# ======================================================================================
+# The review queue (selectors.py: /metrics and the admin dashboard)
+# ======================================================================================
+
+# How many payments are parked in NEEDS_REVIEW and how long the oldest has waited there:
+# updated_at is set when a payment is parked and no write touches a parked row but the
+# one that takes it out. Both from the small partial index payments_review_idx.
+REVIEW_QUEUE = """
+SELECT count(*), coalesce(extract(epoch FROM now() - min(updated_at)), 0)
+  FROM payments_scheduledpayment WHERE status = 'NEEDS_REVIEW'
 """

@@ -23,10 +23,12 @@ TRANSIENT_ERRORS = (OperationalError, InterfaceError)
 
 
 def run_batch(pairs: list[Pair], *, worker: str | None = None) -> BatchResult:
-    """Apply a batch (isolating a poison payment), timed, counted and logged: the one
-    place a batch is recorded. Transient database errors propagate (the task retries)."""
+    """Start a batch (one try each, committed first: the budget counts worker starts),
+    apply it (isolating a poison payment), timed, counted and logged: the one place a
+    batch is recorded. Transient database errors propagate (the task retries)."""
     worker = worker or execution.worker_name()
     started = time.perf_counter()
+    execution.mark_started(pairs)
     result = apply_with_isolation(pairs, worker=worker)
     seconds = time.perf_counter() - started
     metrics.record_batch(result, seconds=seconds)
@@ -76,6 +78,16 @@ def log_outcomes(result: BatchResult, pairs: list[Pair], *, worker: str, seconds
             **common, "payment_id": payment_id, "attempt": attempts.get(payment_id), "outcome": "failed",
             "failure_reason": reason,
         })
+    for payment_id, reason in result.parked.items():
+        outcome_logger.warning("payment parked for review", extra={
+            **common, "payment_id": payment_id, "attempt": attempts.get(payment_id), "outcome": "parked",
+            "review_reason": reason,
+        })
+    for payment_id, next_attempt_at in result.retrying.items():
+        outcome_logger.info("payment will be retried", extra={
+            **common, "payment_id": payment_id, "attempt": attempts.get(payment_id), "outcome": "retry",
+            "next_attempt_at": next_attempt_at.isoformat(),
+        })
     for payment_id, attempt in result.stale:
         outcome_logger.info("stale attempt changed nothing", extra={
             **common, "payment_id": payment_id, "attempt": attempt, "outcome": "stale",
@@ -86,6 +98,8 @@ def log_outcomes(result: BatchResult, pairs: list[Pair], *, worker: str, seconds
         "executed": len(result.executed),
         "already_applied": len(result.already_applied),
         "failed": len(result.failed),
+        "parked": len(result.parked),
+        "retrying": len(result.retrying),
         "stale": len(result.stale),
         "apply_ms": round(seconds * 1000, 1),
         "max_execution_lateness_s": round(max(result.execution_lateness, default=0.0), 3),

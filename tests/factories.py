@@ -103,3 +103,19 @@ def claimed(*payments) -> list[tuple[str, int]]:
     claim = claim_due(batch=1000, lease_seconds=60)
     wanted = {p.id for p in payments}
     return [pair for pair in claim.fresh + claim.reclaimed if pair[0] in wanted]
+
+
+def parked_payment(settings, *, source: Account, target: Account, amount: int = 1) -> ScheduledPayment:
+    """A due payment whose retry budget is spent, parked in NEEDS_REVIEW by the executor
+    (as tests/payments/test_services.py::parked_payment): ``settings`` is pytest-django's
+    fixture, DELAYPAY_MAX_ATTEMPTS becomes 1 and two worker starts are marked."""
+    from payments import execution
+
+    settings.DELAYPAY_MAX_ATTEMPTS = 1
+    payment = due_payment(source=source, target=target, amount=amount)
+    for _ in range(2):
+        expire_lease(payment)
+        (pair,) = claimed(payment)
+        execution.mark_started([pair])
+    assert execution.execute_batch(pairs=[pair]).parked == {payment.id: "attempts_exhausted"}
+    return ScheduledPayment.objects.get(pk=payment.pk)

@@ -22,6 +22,8 @@ from payments.exceptions import (
     PaymentNotCancellable,
     PaymentNotEditable,
     PaymentNotFound,
+    PaymentNotInReview,
+    PaymentReviewForbidden,
     RecurringNotFound,
     RecurringStateError,
     StaffActionForbidden,
@@ -52,6 +54,7 @@ ERROR_CODES: dict[str, str] = {
     "idempotency_key_in_use": "A request with this Idempotency-Key is still running; retry (409).",
     "payment_not_cancellable": "The payment was already claimed or finished; `status` says which (409).",
     "payment_not_editable": "PATCH on a payment already claimed or finished; `status` says which (409).",
+    "payment_not_in_review": "Re-drive or resolve of a payment not in NEEDS_REVIEW; `status` says what it is (409).",
     "version_mismatch": "If-Match names a version other than the current one, given in `version` (412).",
     "recurring_not_editable": "The recurring payment has ENDED and can no longer change (409); `status` says so.",
     "deposit_rejected": "The ledger refused the deposit, e.g. the account is closed (409).",
@@ -64,11 +67,13 @@ ERROR_CODE_CHOICES = list(ERROR_CODES.items())
 # Domain exception -> HTTP status, the first isinstance match wins: most specific first.
 DOMAIN_STATUSES: list[tuple[type[Exception], int]] = [
     (StaffActionForbidden, status.HTTP_403_FORBIDDEN),  # and PaymentCancelForbidden
+    (PaymentReviewForbidden, status.HTTP_403_FORBIDDEN),
     (PaymentNotFound, status.HTTP_404_NOT_FOUND),
     (AccountNotFound, status.HTTP_404_NOT_FOUND),
     (RecurringNotFound, status.HTTP_404_NOT_FOUND),
     (PaymentNotCancellable, status.HTTP_409_CONFLICT),
     (PaymentNotEditable, status.HTTP_409_CONFLICT),
+    (PaymentNotInReview, status.HTTP_409_CONFLICT),
     (RecurringStateError, status.HTTP_409_CONFLICT),
     (IdempotencyKeyReused, status.HTTP_409_CONFLICT),
     (IdempotencyKeyInUse, status.HTTP_409_CONFLICT),

@@ -1,10 +1,17 @@
-"""Payments: schedule, list, read, reschedule or change the amount, cancel."""
+"""Payments: schedule, list, read, reschedule or change the amount, cancel; staff
+re-drive or resolve a payment in review."""
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 
-from payments.selectors import payment_authorize_cancel, payment_authorize_update, payment_get, payment_list
-from payments.services import payment_cancel, payment_schedule, payment_update
+from payments.selectors import (
+    payment_authorize_cancel,
+    payment_authorize_review,
+    payment_authorize_update,
+    payment_get,
+    payment_list,
+)
+from payments.services import payment_cancel, payment_redrive, payment_resolve, payment_schedule, payment_update
 
 from . import serializers as s
 from .base import PAYMENT_ORDER, ApiView, render
@@ -132,10 +139,11 @@ class PaymentDetailView(ApiView):
     @extend_schema(
         operation_id="payments_cancel",
         tags=["payments"],
-        summary="Cancel a scheduled payment",
+        summary="Cancel a scheduled payment (or one in review)",
         description=(
-            "200 with the CANCELLED payment, also when it was already cancelled. 409 "
-            "payment_not_cancellable (with its `status`) once it was claimed for execution or finished."
+            "200 with the CANCELLED payment, also when it was already cancelled. A payment parked in "
+            "NEEDS_REVIEW can be cancelled too. 409 payment_not_cancellable (with its `status`) once it was "
+            "claimed for execution or finished."
         ),
         parameters=[ETAG, WWW_AUTHENTICATE],
         responses={
@@ -150,4 +158,68 @@ class PaymentDetailView(ApiView):
     def delete(self, request, payment_id: str):
         payment_authorize_cancel(user=request.user, payment_id=payment_id)
         payment_cancel(payment_id=payment_id, actor=request.user)
+        return payment_response(request, payment_id)
+
+
+REVIEW_ERRORS = {
+    "e403": "permission_denied: re-drive and resolve are staff acts that need "
+    "payments.redrive_scheduledpayment; the payment's creator gets 403 too.",
+    "e409": "payment_not_in_review; `status` is the payment's current status.",
+}
+
+
+class PaymentRedriveView(ApiView):
+    @extend_schema(
+        operation_id="payments_redrive",
+        tags=["payments"],
+        summary="Staff: send a payment in NEEDS_REVIEW through again",
+        description=(
+            "NEEDS_REVIEW -> SCHEDULED with a fresh retry budget (`tries` back to 0), due at once or at "
+            "`execute_at` (shown as `next_attempt_at` until then). A compare-and-set on NEEDS_REVIEW, recorded "
+            "as a `redriven` event with your user and `reason`. Repeating it after it took effect changes "
+            "nothing and answers 200 with the payment as it is now, so no Idempotency-Key is needed. 409 "
+            "payment_not_in_review for a payment that is not (and was not) in review."
+        ),
+        request=s.PaymentRedriveSerializer,
+        parameters=[ETAG, WWW_AUTHENTICATE],
+        responses={200: s.PaymentSerializer, **errors(*WRITE, 403, 404, 409, **REVIEW_ERRORS)},
+    )
+    def post(self, request, payment_id: str):
+        payment_authorize_review(user=request.user, payment_id=payment_id)
+        body = s.PaymentRedriveSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        payment_redrive(
+            payment_id=payment_id,
+            actor=request.user,
+            reason=body.validated_data["reason"],
+            execute_at=body.validated_data.get("execute_at"),
+        )
+        return payment_response(request, payment_id)
+
+
+class PaymentResolveView(ApiView):
+    @extend_schema(
+        operation_id="payments_resolve",
+        tags=["payments"],
+        summary="Staff: close a payment in NEEDS_REVIEW as failed",
+        description=(
+            "NEEDS_REVIEW -> FAILED with failure_reason `resolved_by_staff`; nothing moves. `outcome` must be "
+            "`failed`. A compare-and-set on NEEDS_REVIEW, recorded as a `failed` event with your user and "
+            "`reason`. Repeating it answers 200 with the payment unchanged, so no Idempotency-Key is needed. "
+            "409 payment_not_in_review for a payment that is not (and was not) in review."
+        ),
+        request=s.PaymentResolveSerializer,
+        parameters=[ETAG, WWW_AUTHENTICATE],
+        responses={200: s.PaymentSerializer, **errors(*WRITE, 403, 404, 409, **REVIEW_ERRORS)},
+    )
+    def post(self, request, payment_id: str):
+        payment_authorize_review(user=request.user, payment_id=payment_id)
+        body = s.PaymentResolveSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        payment_resolve(
+            payment_id=payment_id,
+            actor=request.user,
+            outcome=body.validated_data["outcome"],
+            reason=body.validated_data["reason"],
+        )
         return payment_response(request, payment_id)

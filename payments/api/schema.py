@@ -30,8 +30,8 @@ class ErrorSerializer(serializers.Serializer):
             "status": serializers.ChoiceField(
                 choices=ERROR_STATUS_CHOICES,
                 required=False,
-                help_text="payment_not_cancellable, payment_not_editable and recurring_not_editable: the current "
-                "status of the payment or recurring payment.",
+                help_text="payment_not_cancellable, payment_not_editable, payment_not_in_review and "
+                "recurring_not_editable: the current status of the payment or recurring payment.",
             ),
             "version": serializers.IntegerField(
                 required=False, min_value=1, help_text="version_mismatch only: the current version (its ETag)."

@@ -6,9 +6,16 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ledger.models import Account, Transfer
-from payments.models import ExecutionAttempt, PaymentStatus, RecurringPayment, RecurringStatus, ScheduledPayment
+from payments.models import (
+    ExecutionAttempt,
+    PaymentStatus,
+    RecurringPayment,
+    RecurringStatus,
+    ReviewReason,
+    ScheduledPayment,
+)
 from payments.rules import MAX_COUNT
-from payments.services import MAX_JITTER_SECONDS
+from payments.services import MAX_JITTER_SECONDS, MAX_REVIEW_REASON
 
 from .fields import StrictCharField, StrictDateTimeField, StrictDurationField, StrictIntegerField, format_utc
 from .pagination import MAX_CURSOR_LENGTH, MAX_LIMIT
@@ -157,6 +164,32 @@ class PaymentUpdateSerializer(AtLeastOneFieldSerializer):
     execute_at = execute_at_field(required=False)
 
 
+def review_reason_field(**kwargs):
+    return StrictCharField(
+        max_length=MAX_REVIEW_REASON,
+        help_text="Why, in a sentence: it goes into the payment's audit trail with your user.",
+        **kwargs,
+    )
+
+
+class PaymentRedriveSerializer(StrictSerializer):
+    reason = review_reason_field()
+    execute_at = StrictDateTimeField(
+        required=False,
+        help_text="Optional RFC 3339 time with an offset to run it at (after now and at most "
+        f"{settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead); without it the payment is due at once.",
+    )
+
+
+class PaymentResolveSerializer(StrictSerializer):
+    outcome = serializers.ChoiceField(
+        choices=[("failed", "failed")],
+        help_text='Only "failed": no money moved for a payment in review, so there is nothing else to resolve '
+        "it to.",
+    )
+    reason = review_reason_field()
+
+
 class AttemptSerializer(serializers.ModelSerializer):
     started_at = StrictDateTimeField()
     finished_at = StrictDateTimeField()
@@ -184,6 +217,12 @@ class PaymentSerializer(serializers.ModelSerializer):
     )
     occurrence_at = StrictDateTimeField(allow_null=True, help_text="Its occurrence in that series, or null.")
     version = serializers.IntegerField(help_text="Bumped by every change; also the ETag. Send it in If-Match.")
+    next_attempt_at = serializers.SerializerMethodField()
+    tries = serializers.IntegerField(
+        help_text="Times a worker started this payment since it was scheduled or last re-driven; "
+        "DELAYPAY_MAX_ATTEMPTS of them without an outcome park it in NEEDS_REVIEW."
+    )
+    review_reason = serializers.SerializerMethodField()
     attempts = AttemptSerializer(many=True, read_only=True)
 
     class Meta:
@@ -205,12 +244,39 @@ class PaymentSerializer(serializers.ModelSerializer):
             "occurrence_at",
             "version",
             "created_at",
+            "next_attempt_at",
+            "tries",
+            "review_reason",
             "attempts",
         ]
         read_only_fields = fields
 
     def get_failure_reason(self, obj) -> str | None:
         return obj.failure_reason or None
+
+    @extend_schema_field(
+        StrictDateTimeField(
+            allow_null=True,
+            help_text="SCHEDULED only: when a retry after an error (on the DELAYPAY_RETRY_DELAYS ladder) or a "
+            "re-drive with an execute_at may run; null when the payment is due at execute_at or is not waiting.",
+        )
+    )
+    def get_next_attempt_at(self, obj) -> str | None:
+        if obj.status != PaymentStatus.SCHEDULED:
+            return None
+        return format_utc(obj.next_attempt_at)
+
+    @extend_schema_field(
+        serializers.ChoiceField(
+            choices=ReviewReason.choices,
+            allow_null=True,
+            help_text="NEEDS_REVIEW only: why it was parked; null otherwise.",
+        )
+    )
+    def get_review_reason(self, obj) -> str | None:
+        if obj.status != PaymentStatus.NEEDS_REVIEW:
+            return None
+        return obj.review_reason or None
 
     @extend_schema_field(StrictDateTimeField(help_text="The execute_at you asked for."))
     def get_requested_execute_at(self, obj) -> str:

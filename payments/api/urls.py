@@ -35,6 +35,12 @@ urlpatterns = [
     ),
     path("payments", payments.PaymentListCreateView.as_view(), name="payment-list"),
     path("payments/<public_id:payment_id>", payments.PaymentDetailView.as_view(), name="payment-detail"),
+    path(
+        "payments/<public_id:payment_id>/redrive", payments.PaymentRedriveView.as_view(), name="payment-redrive"
+    ),
+    path(
+        "payments/<public_id:payment_id>/resolve", payments.PaymentResolveView.as_view(), name="payment-resolve"
+    ),
     path("recurring-payments", recurring.RecurringListCreateView.as_view(), name="recurring-list"),
     path(
         "recurring-payments/<public_id:recurring_id>",

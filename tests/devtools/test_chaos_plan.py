@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from devtools.chaos import MINIMUM_FAULTS, Options, fault_plan, plan_digest
+from devtools.chaos import MINIMUM_FAULTS, OUTAGE_KINDS, Options, fault_plan, plan_digest
 from devtools.sandbox import pick_port
 
 
@@ -21,9 +21,11 @@ def test_every_plan_has_every_fault_and_no_overlapping_outage_of_one_service(see
     assert len(plan) == 20
     for kind, minimum in MINIMUM_FAULTS.items():
         assert sum(f.kind == kind for f in plan) >= minimum, kind
-    for kind in ("restart_redis", "restart_postgres"):
-        outages = sorted((f.at, f.at + f.duration) for f in plan if f.kind == kind)
+    for kinds in OUTAGE_KINDS.values():  # a long broker outage and a Redis restart are one service
+        outages = sorted((f.at, f.at + f.duration) for f in plan if f.kind in kinds)
         assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(outages))
+    (long_outage,) = (f for f in plan if f.kind == "long_broker_outage")
+    assert long_outage.duration == options.broker_outage_seconds
     pause = next(f for f in plan if f.kind == "pause_worker")
     assert pause.duration > 2 * options.lease_seconds  # the zombie outlives its lease
 
@@ -40,3 +42,12 @@ def test_pick_port_skips_a_port_in_use():
         busy.listen()
         port = busy.getsockname()[1]
         assert pick_port(port) != port
+
+
+@pytest.mark.parametrize("seconds", [20, 120])
+def test_the_long_broker_outage_lasts_as_long_as_asked(seconds):
+    plan = fault_plan(Options(seed=3, faults=20, window=30, broker_outage_seconds=seconds))
+    (outage,) = (f for f in plan if f.kind == "long_broker_outage")
+    assert outage.duration == seconds
+    redis_restarts = [f for f in plan if f.kind == "restart_redis"]
+    assert all(f.at >= outage.at + seconds or f.at + f.duration <= outage.at for f in redis_restarts)

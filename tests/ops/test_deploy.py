@@ -45,7 +45,8 @@ def run_promtool(*args) -> subprocess.CompletedProcess:
 def test_alert_rules_pass_promtool_check():
     result = run_promtool("check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
 
 
 def test_example_prometheus_config_passes_promtool_check():

@@ -10,9 +10,9 @@ from prometheus_client import Histogram
 
 from payments import metrics, tasks
 from payments.models import Heartbeat, ScheduledPayment
-from payments.services import heartbeat_record
+from payments.services import heartbeat_record, payment_cancel
 from tests.conftest import flush_test_redis
-from tests.factories import due_payment, expire_lease, funded_account
+from tests.factories import due_payment, expire_lease, funded_account, parked_payment
 
 from .scrape import delta, scrape, series_key
 
@@ -124,6 +124,21 @@ def test_reconcile_hook_exports_the_last_result():
     assert samples["delaypay_reconcile_last_run_timestamp{}"] > 0
     metrics.record_reconcile_result(violations=0)
     assert scrape()["delaypay_reconcile_violations{}"] == 0
+
+
+@pytest.mark.django_db
+def test_the_review_queue_shows_its_size_and_oldest_age(settings):
+    samples = scrape()
+    assert (samples["delaypay_needs_review{}"], samples["delaypay_needs_review_oldest_age_seconds{}"]) == (0, 0)
+    a, b = funded_account(balance=10), funded_account()
+    older = parked_payment(settings, source=a, target=b)
+    parked_payment(settings, source=a, target=b)
+    ScheduledPayment.objects.filter(pk=older.pk).update(updated_at=timezone.now() - timedelta(minutes=10))
+    samples = scrape()
+    assert samples["delaypay_needs_review{}"] == 2
+    assert 540 <= samples["delaypay_needs_review_oldest_age_seconds{}"] < 660  # the test transaction's now()
+    payment_cancel(payment_id=older.pk, actor=a.owner)
+    assert scrape()["delaypay_needs_review{}"] == 1
 
 
 def unreachable_redis_url() -> str:

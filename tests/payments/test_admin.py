@@ -313,7 +313,7 @@ def test_no_add_or_delete_for_payments_attempts_and_events(superuser, zoo):
     event = PaymentEvent.objects.first()
     assert client.get(reverse("admin:payments_paymentevent_delete", args=[event.pk])).status_code == 403
     actions = admin_client_for(superuser).get(CHANGELIST).context["action_form"].fields["action"].choices
-    assert [name for name, _ in actions if name] == ["cancel_selected"]
+    assert [name for name, _ in actions if name] == ["cancel_selected", "redrive_selected", "resolve_selected"]
 
 
 def test_event_and_attempt_lists_search_by_payment(superuser, zoo):
@@ -440,7 +440,7 @@ def test_staff_groups_command_creates_support_and_auditor(staff_groups):
     call_command("staff_groups", stdout=io.StringIO())  # idempotent
     support = set(Group.objects.get(name="support").permissions.values_list("codename", flat=True))
     auditor = set(Group.objects.get(name="auditor").permissions.values_list("codename", flat=True))
-    assert support == auditor | {"cancel_scheduledpayment", "pause_recurringpayment"}
+    assert support == auditor | {"cancel_scheduledpayment", "redrive_scheduledpayment", "pause_recurringpayment"}
     assert auditor == {
         "view_scheduledpayment", "view_executionattempt", "view_paymentevent", "view_recurringpayment",
         "view_recurringevent", "view_account", "view_transfer",
@@ -467,7 +467,8 @@ def test_dashboard_shows_counts_lag_chart_outcomes_and_leases(auditor_user, zoo,
     response = admin_client_for(auditor_user).get(reverse("admin-dashboard"))
     assert response.status_code == 200
     ctx = response.context
-    assert dict(ctx["counts"]) == {"SCHEDULED": 6, "EXECUTING": 2, "EXECUTED": 1, "FAILED": 1, "CANCELLED": 1}
+    assert dict(ctx["counts"]) == {"SCHEDULED": 6, "EXECUTING": 2, "EXECUTED": 1, "FAILED": 1, "CANCELLED": 1,
+                                   "NEEDS_REVIEW": 0}
     assert ctx["health"].overdue == 1 and ctx["health"].leases_expired == 1
     assert ctx["health"].oldest_due_age_seconds >= 100
     assert ctx["outcomes"].executed == 1 and ctx["outcomes"].failed == {"insufficient_funds": 1}

@@ -2,6 +2,7 @@ import pytest
 
 from ledger.models import Account, Transfer
 from ledger.services import account_set_status, ledger_transfer
+from payments import execution
 from payments.execution import execute_batch
 from payments.models import ExecutionAttempt, PaymentEvent, PaymentStatus
 from tests.factories import claimed, due_payment, expire_lease, funded_account
@@ -99,12 +100,42 @@ def test_crash_after_apply_converges_to_executed_without_rechecking_funds():
 
 
 @pytest.mark.django_db
-def test_payment_claimed_past_the_limit_ends_exhausted(settings):
+def test_claims_no_worker_started_cost_nothing(settings):
     settings.DELAYPAY_MAX_ATTEMPTS = 2
     a, b = funded_account(balance=100), funded_account()
     payment = due_payment(source=a, target=b, amount=1)
-    for _ in range(3):  # its worker "dies" every time: the lease just expires
+    for _ in range(5):  # the workers are down: every lease just expires
         expire_lease(payment)
         (pair,) = claimed(payment)
-    assert pair == (payment.id, 3)
-    assert execute_batch(pairs=[pair]).failed == {payment.id: "attempts_exhausted"}
+    assert pair == (payment.id, 5)
+    assert execute_batch(pairs=[pair]).executed == [payment.id]
+
+
+@pytest.mark.django_db
+def test_payment_started_past_its_budget_is_parked_and_moves_nothing(settings):
+    settings.DELAYPAY_MAX_ATTEMPTS = 2
+    a, b = funded_account(balance=100), funded_account()
+    payment = due_payment(source=a, target=b, amount=1)
+    for _ in range(3):  # a worker starts it, then dies: each start is one try
+        expire_lease(payment)
+        (pair,) = claimed(payment)
+        execution.mark_started([pair])
+    assert execute_batch(pairs=[pair]).parked == {payment.id: "attempts_exhausted"}
+    refresh(a, payment)
+    assert (payment.status, payment.review_reason, payment.tries) == (
+        PaymentStatus.NEEDS_REVIEW, "attempts_exhausted", 3,
+    )
+    assert a.balance == 100 and not Transfer.objects.filter(key=payment.id).exists()
+    assert ExecutionAttempt.objects.get(payment=payment, attempt=pair[1]).outcome == "parked"
+    assert PaymentEvent.objects.filter(payment=payment).last().kind == "parked"
+
+
+@pytest.mark.django_db
+def test_a_redelivered_message_is_not_another_try():
+    a, b = funded_account(balance=100), funded_account()
+    payment = due_payment(source=a, target=b, amount=1)
+    (pair,) = claimed(payment)
+    assert execution.mark_started([pair]) == 1
+    assert execution.mark_started([pair]) == 0  # the same claim started again (redelivery, task retry)
+    payment.refresh_from_db()
+    assert payment.tries == 1

@@ -47,7 +47,8 @@ def test_fence_and_cas_look_payments_up_by_primary_key_under_stale_statistics():
     lock_scans = scans_of_payments(plan_nodes(sql.LOCK_FENCED, fence_params(ids, attempts)))
     finish_scans = scans_of_payments(plan_nodes(sql.FINISH_FENCED, fence_params(
         ids, attempts, statuses=["EXECUTED"] * len(ids), reasons=[""] * len(ids),
-        executed_ats=[timezone.now()] * len(ids),
+        executed_ats=[timezone.now()] * len(ids), review_reasons=[""] * len(ids),
+        next_attempt_ats=[None] * len(ids),
     )))
     # (On a table this small a sequential scan may be the cheapest plan; on a large one
     # the planner, which knows the table's size, uses the primary key.)
@@ -92,4 +93,4 @@ def test_the_claim_reads_only_its_partial_indexes_under_stale_statistics():
     scans = scans_of_payments(plan_nodes(sql.CLAIM_DUE, claim_params(batch=500, lease_seconds=60, actor="t")))
     indexes = {index for _node, index in scans if index}
     assert "payments_due_idx" in indexes
-    assert indexes <= {"payments_due_idx", "payments_lease_idx", "payments_scheduledpayment_pkey"}
+    assert indexes <= {"payments_due_idx", "payments_retry_idx", "payments_lease_idx", "payments_scheduledpayment_pkey"}

@@ -6,6 +6,7 @@ from django.db import connection
 from django.utils import timezone
 
 from ledger.models import Transfer
+from payments import execution
 from payments.execution import execute_batch
 from payments.models import ExecutionAttempt, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due, messages_for, promoter_tick
@@ -75,19 +76,21 @@ def test_crash_between_claim_and_publish_is_recovered_after_lease_expiry():
 
 
 @pytest.mark.django_db
-def test_reclaimed_payments_travel_alone():
+def test_lost_messages_travel_together_and_started_ones_alone():
     a, b = funded_account(), funded_account()
-    p1 = due_payment(source=a, target=b, amount=1)
-    p2 = due_payment(source=a, target=b, amount=1)
+    lost1, lost2, started = (due_payment(source=a, target=b, amount=1) for _ in range(3))
     claim_due(batch=10, lease_seconds=60)
-    expire_lease(p1)
-    expire_lease(p2)
-    p3 = due_payment(source=a, target=b, amount=1)
+    execution.mark_started([(started.id, 1)])  # a worker took it, then died
+    for payment in (lost1, lost2, started):
+        expire_lease(payment)
+    fresh = due_payment(source=a, target=b, amount=1)
     claim = claim_due(batch=10, lease_seconds=60)
-    assert claim.fresh == [(p3.id, 1)]
-    assert sorted(claim.reclaimed) == sorted([(p1.id, 2), (p2.id, 2)])
-    assert messages_for(claim)[0] == [(p3.id, 1)]
-    assert sorted(messages_for(claim)[1:]) == sorted([[(p1.id, 2)], [(p2.id, 2)]])
+    assert claim.fresh == [(fresh.id, 1)]
+    assert claim.started == {(started.id, 2)}
+    messages = messages_for(claim)
+    assert messages[0] == [(fresh.id, 1)]
+    assert sorted(messages[1]) == sorted([(lost1.id, 2), (lost2.id, 2)])  # one message, not one each
+    assert messages[2:] == [[(started.id, 2)]]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -142,7 +145,7 @@ def test_expired_leases_do_not_count_against_the_in_flight_cap():
     result = promoter_tick(publish=published.extend, execute_in_process=None, batch=10, in_flight_cap=6)
     assert result.reclaimed == 5
     assert not result.capped
-    assert sorted(pid for [(pid, attempt)] in published) == sorted(p.id for p in lost)
+    assert [sorted(pid for pid, _attempt in message) for message in published] == [sorted(p.id for p in lost)]
 
 
 @pytest.mark.django_db

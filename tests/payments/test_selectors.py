@@ -42,7 +42,7 @@ def test_counts_due_by_minute_and_recent_outcomes():
     )
     execute_batch(pairs=claim_due(batch=10, lease_seconds=60).fresh)
     counts = payment_counts_by_status()
-    assert counts == {"SCHEDULED": 1, "EXECUTING": 0, "EXECUTED": 1, "FAILED": 1, "CANCELLED": 0}
+    assert counts == {"SCHEDULED": 1, "EXECUTING": 0, "EXECUTED": 1, "FAILED": 1, "CANCELLED": 0, "NEEDS_REVIEW": 0}
     minutes = payments_due_by_minute(minutes=60)
     assert len(minutes) == 60
     assert sum(n for _, n in minutes) == 1

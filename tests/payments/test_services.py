@@ -11,7 +11,7 @@ from payments.execution import execute_batch
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due
 from payments.services import payment_cancel, payment_schedule, payment_update
-from tests.factories import UserFactory, due_payment, funded_account
+from tests.factories import UserFactory, due_payment, funded_account, parked_payment
 
 pytestmark = pytest.mark.django_db
 
@@ -234,3 +234,98 @@ def test_payment_past_its_expiry_fails_expired_and_moves_nothing():
     assert result.failed == {late.id: "expired"}
     assert result.executed == [patient.id]
     assert not Transfer.objects.filter(key=late.id).exists()
+
+
+# --- the review queue: park, re-drive, resolve, cancel -----------------------------------
+
+def staff_user():
+    return UserFactory(is_staff=True)
+
+
+def test_redrive_sends_a_parked_payment_through_again_with_a_fresh_budget(settings):
+    from payments.services import payment_redrive
+    from tests.factories import claimed
+
+    a, b = funded_account(balance=10), funded_account()
+    payment = parked_payment(settings, source=a, target=b, amount=4)
+    staff = staff_user()
+    outcome = payment_redrive(payment_id=payment.id, actor=staff, reason="worker bug fixed")
+    assert outcome.changed_now
+    assert (outcome.payment.status, outcome.payment.tries, outcome.payment.review_reason) == ("SCHEDULED", 0, "")
+    event = PaymentEvent.objects.filter(payment=payment).last()
+    assert (event.kind, event.actor_user, event.data["reason"]) == ("redriven", staff, "worker bug fixed")
+    # Repeating it (a retried request) changes nothing and answers the payment as it is.
+    again = payment_redrive(payment_id=payment.id, actor=staff, reason="worker bug fixed")
+    assert not again.changed_now and again.payment.status == PaymentStatus.SCHEDULED
+    # It is due at once and executes like any other payment.
+    (pair,) = claimed(payment)
+    assert execute_batch(pairs=[pair]).executed == [payment.id]
+    a.refresh_from_db()
+    assert a.balance == 6
+
+
+def test_redrive_at_a_later_time_waits_until_then(settings):
+    from payments.promoter import claim_due
+    from payments.services import payment_redrive
+
+    a, b = funded_account(balance=10), funded_account()
+    payment = parked_payment(settings, source=a, target=b)
+    later = timezone.now() + timedelta(hours=1)
+    outcome = payment_redrive(payment_id=payment.id, actor=staff_user(), reason="after the fix", execute_at=later)
+    assert outcome.payment.next_attempt_at == later
+    assert claim_due(batch=10, lease_seconds=60).fresh == []
+
+
+def test_resolve_ends_a_parked_payment_failed_with_the_staff_reason(settings):
+    from payments.services import payment_resolve
+
+    a, b = funded_account(balance=10), funded_account()
+    payment = parked_payment(settings, source=a, target=b)
+    staff = staff_user()
+    outcome = payment_resolve(payment_id=payment.id, actor=staff, outcome="failed", reason="payee closed")
+    assert (outcome.payment.status, outcome.payment.failure_reason) == ("FAILED", "resolved_by_staff")
+    event = PaymentEvent.objects.filter(payment=payment).last()
+    assert (event.kind, event.from_status, event.data["reason"]) == ("failed", "NEEDS_REVIEW", "payee closed")
+    assert not payment_resolve(payment_id=payment.id, actor=staff, outcome="failed", reason="payee closed").changed_now
+    a.refresh_from_db()
+    assert a.balance == 10 and not Transfer.objects.filter(key=payment.id).exists()
+
+
+def test_review_acts_refuse_a_payment_not_in_review_and_need_a_reason(settings):
+    from payments.exceptions import PaymentNotInReview
+    from payments.services import payment_redrive, payment_resolve
+
+    a, b = funded_account(balance=10), funded_account()
+    scheduled = schedule(a, b)
+    with pytest.raises(PaymentNotInReview):
+        payment_redrive(payment_id=scheduled.id, actor=staff_user(), reason="why not")
+    parked = parked_payment(settings, source=a, target=b)
+    with pytest.raises(PaymentValidationError):
+        payment_redrive(payment_id=parked.id, actor=staff_user(), reason="  ")
+    with pytest.raises(PaymentValidationError):
+        payment_resolve(payment_id=parked.id, actor=staff_user(), outcome="executed", reason="it did")
+
+
+def test_the_creator_may_cancel_a_parked_payment(settings):
+    a, b = funded_account(balance=10), funded_account()
+    payment = parked_payment(settings, source=a, target=b)
+    cancelled = payment_cancel(payment_id=payment.id, actor=a.owner)
+    assert cancelled.status == PaymentStatus.CANCELLED
+    event = PaymentEvent.objects.filter(payment=payment).last()
+    assert (event.kind, event.from_status) == ("cancelled", "NEEDS_REVIEW")
+
+
+def test_the_review_queue_keeps_the_books_reconciled(settings):
+    from payments.reconciliation import reconcile
+    from payments.services import payment_redrive, payment_resolve
+    from tests.factories import claimed
+
+    a, b = funded_account(balance=10), funded_account()
+    resolved, redriven, cancelled = (parked_payment(settings, source=a, target=b) for _ in range(3))
+    payment_resolve(payment_id=resolved.id, actor=staff_user(), outcome="failed", reason="r")
+    payment_redrive(payment_id=redriven.id, actor=staff_user(), reason="r")
+    (pair,) = claimed(redriven)
+    execute_batch(pairs=[pair])
+    payment_cancel(payment_id=cancelled.id, actor=a.owner)
+    report = reconcile(overdue_after_seconds=3600)
+    assert report.ok, [(c.name, c.samples) for c in report.checks if not c.ok]

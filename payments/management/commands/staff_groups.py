@@ -19,9 +19,14 @@ VIEW = [
 ]
 
 STAFF_GROUPS: dict[str, list[str]] = {
-    # Reads everything, cancels payments that have not started, pauses and resumes
-    # recurring payments.
-    "support": [*VIEW, "payments.cancel_scheduledpayment", "payments.pause_recurringpayment"],
+    # Reads everything, cancels payments that have not started, re-drives or resolves
+    # payments in review, pauses and resumes recurring payments.
+    "support": [
+        *VIEW,
+        "payments.cancel_scheduledpayment",
+        "payments.redrive_scheduledpayment",
+        "payments.pause_recurringpayment",
+    ],
     # Reads everything, changes nothing.
     "auditor": VIEW,
 }
@@ -47,7 +52,7 @@ def staff_groups_sync() -> dict[str, int]:
 
 
 class Command(BaseCommand):
-    help = 'Create or update the "support" (view, cancel, pause) and "auditor" (view only) staff groups.'
+    help = 'Create or update the "support" (view, cancel, re-drive, pause) and "auditor" (view only) staff groups.'
 
     def handle(self, *args, **options):
         for name, count in staff_groups_sync().items():

@@ -79,6 +79,9 @@ def _request(world: World, role: str, endpoint: str):
         "GET /payments/{id}": lambda: client.get(f"/api/v1/payments/{p}"),
         "PATCH /payments/{id}": lambda: patch(client, f"/api/v1/payments/{p}", {"amount": 6}),
         "DELETE /payments/{id}": lambda: client.delete(f"/api/v1/payments/{p}"),
+        "POST /payments/{id}/redrive": lambda: post(client, f"/api/v1/payments/{p}/redrive", {"reason": "r"}),
+        "POST /payments/{id}/resolve": lambda: post(client, f"/api/v1/payments/{p}/resolve",
+                                                    {"outcome": "failed", "reason": "r"}),
         "GET /recurring-payments": lambda: client.get("/api/v1/recurring-payments"),
         "POST /recurring-payments": lambda: post(client, "/api/v1/recurring-payments", recurring, key="r"),
         "GET /recurring-payments/{id}": lambda: client.get(f"/api/v1/recurring-payments/{r}"),
@@ -106,6 +109,8 @@ MATRIX = {
     "GET /payments/{id}":             (401,      404,   200,   200),
     "PATCH /payments/{id}":           (401,      404,   200,   403),  # staff: payments.change_scheduledpayment
     "DELETE /payments/{id}":          (401,      404,   200,   403),  # staff read, but cancel needs the permission
+    "POST /payments/{id}/redrive":    (401,      404,   403,   403),  # staff: payments.redrive_scheduledpayment
+    "POST /payments/{id}/resolve":    (401,      404,   403,   403),  # the creator may not: a staff act
     "GET /recurring-payments":        (401,      200,   200,   200),
     "POST /recurring-payments":       (401,      400,   201,   400),  # 400: from_account is not theirs
     "GET /recurring-payments/{id}":   (401,      404,   200,   200),
