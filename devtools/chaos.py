@@ -103,6 +103,9 @@ class Options:
     inflight_cap: int = 2000
     max_attempts: int = 5
     broker_outage_seconds: float = 20.0  # the long_broker_outage fault's length
+    # >0: one workers_down fault besides the plan: every worker stopped for this many
+    # leases from t+0.5 s (payments fall due while nobody executes them), then restarted.
+    workers_down_leases: float = 0.0
     converge_timeout: float = 300.0
     pg_port: int = 55432
     redis_port: int = 56379
@@ -121,8 +124,10 @@ BURST_SHARE = 0.4  # of the payments, split over the bursts; the rest fall due u
 
 def fault_plan(options: Options) -> list[Fault]:
     """The run's faults: a pure function of the seed and the options."""
+    down_for = round(options.workers_down_leases * options.lease_seconds, 2)
+    workers_down = [Fault(at=0.5, kind="workers_down", target=0, duration=down_for)] if down_for > 0 else []
     if options.faults == 0:
-        return []
+        return workers_down
     minimum = sum(MINIMUM_FAULTS.values())
     if options.faults < minimum:
         raise ValueError(f"--faults must be 0 or at least {minimum} (one of every kind, Redis twice)")
@@ -169,7 +174,7 @@ def fault_plan(options: Options) -> list[Fault]:
                 if fault.at < ready:
                     faults[i] = fault = Fault(round(ready, 2), fault.kind, fault.target, fault.duration)
                 ready = fault.at + fault.duration + 2.0
-    return sorted(faults, key=lambda f: (f.at, f.kind))
+    return sorted(faults + workers_down, key=lambda f: (f.at, f.kind))
 
 
 def plan_digest(plan: list[Fault]) -> str:
@@ -416,6 +421,18 @@ class Injector:
             self.down.add(name)
             os.kill(self.stack.procs[name].pid, signal.SIGKILL)  # the parent only; its children are orphaned
             return [(min(1.0, fault.duration), f"reap:{name}"), (fault.duration, f"restart:{name}")]
+        if kind == "workers_down":
+            # The whole fleet stopped (a bad deploy, a lost node pool): claims expire every
+            # lease with no worker to start them; none of that may cost a payment a try.
+            follow = []
+            for name in self.workers:
+                proc = self.stack.procs.get(name)
+                if proc is None or proc.poll() is not None or name in self.paused:
+                    continue
+                self.down.add(name)
+                os.kill(proc.pid, signal.SIGKILL)
+                follow += [(1.0, f"reap:{name}"), (fault.duration, f"restart:{name}")]
+            return follow or self._skip(fault)
         if kind == "kill_child":
             name = self._worker(fault)
             children = child_pids(self.stack.procs[name].pid) if name is not None else []
@@ -734,7 +751,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         if (answer == PaymentStatus.CANCELLED) != (statuses.get(pid) == PaymentStatus.CANCELLED)
     )
     injected = sum(figures.injected.values())
-    kinds = " ".join(f"{k}={figures.injected[k]}" for k in MINIMUM_FAULTS if figures.injected[k])
+    kinds = " ".join(f"{k}={figures.injected[k]}" for k in [*MINIMUM_FAULTS, "workers_down"] if figures.injected[k])
     failed = " ".join(f"{k}={v}" for k, v in sorted(reasons.items()))
     numbers = {
         "seed": options.seed,
@@ -743,6 +760,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         "failed": by_status[PaymentStatus.FAILED],
         "failed_by_reason": dict(reasons),
         "cancelled": by_status[PaymentStatus.CANCELLED],
+        "needs_review": by_status[PaymentStatus.NEEDS_REVIEW],
         "faults": injected,
         "faults_by_kind": dict(figures.injected),
         "faults_skipped": dict(figures.skipped),
@@ -767,7 +785,8 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
     line = (
         f"chaos {'PASS' if ok else 'FAIL'}: seed={options.seed} payments={numbers['payments']}"
         f" executed={numbers['executed']} failed={numbers['failed']} ({failed or 'none'})"
-        f" cancelled={numbers['cancelled']} faults={injected} ({kinds or 'none'})"
+        f" cancelled={numbers['cancelled']} needs_review={numbers['needs_review']}"
+        f" faults={injected} ({kinds or 'none'})"
         f" lost={lost} duplicated_transfers={duplicated} conservation_errors={conservation}"
         f" stale_writes_rejected={numbers['stale_writes_rejected']} (audited {stale_rows})"
         f" redelivered={figures.redelivered}"

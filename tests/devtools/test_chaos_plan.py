@@ -51,3 +51,11 @@ def test_the_long_broker_outage_lasts_as_long_as_asked(seconds):
     assert outage.duration == seconds
     redis_restarts = [f for f in plan if f.kind == "restart_redis"]
     assert all(f.at >= outage.at + seconds or f.at + f.duration <= outage.at for f in redis_restarts)
+
+
+def test_workers_down_is_one_extra_fault_of_whole_leases_from_the_start():
+    alone = fault_plan(Options(faults=0, lease_seconds=5.0, workers_down_leases=10))
+    assert [(f.kind, f.at, f.duration) for f in alone] == [("workers_down", 0.5, 50.0)]
+    planned = fault_plan(Options(seed=3, lease_seconds=5.0, workers_down_leases=2))
+    assert [f.kind for f in planned].count("workers_down") == 1
+    assert "workers_down" not in {f.kind for f in fault_plan(Options(seed=3))}

@@ -42,6 +42,8 @@ class Command(BaseCommand):
                             help=f"DELAYPAY_MAX_ATTEMPTS ({d.max_attempts})")
         parser.add_argument("--broker-outage-seconds", type=float, default=d.broker_outage_seconds,
                             help=f"seconds the long_broker_outage fault keeps Redis down ({d.broker_outage_seconds:g})")
+        parser.add_argument("--workers-down-leases", type=float, default=d.workers_down_leases,
+                            help="add one fault: every worker stopped for this many leases from t+0.5s (0: none)")
         parser.add_argument("--converge-timeout", type=float, default=d.converge_timeout,
                             help=f"seconds to wait for every payment to be terminal ({d.converge_timeout:g})")
         parser.add_argument("--pg-port", type=int, default=d.pg_port,
@@ -59,6 +61,7 @@ class Command(BaseCommand):
             accounts=o["accounts"], underfunded=o["underfunded"], cancel_ratio=o["cancel_ratio"],
             lease_seconds=o["lease"], batch=o["batch"], inflight_cap=o["inflight_cap"],
             max_attempts=o["max_attempts"], broker_outage_seconds=o["broker_outage_seconds"],
+            workers_down_leases=o["workers_down_leases"],
             converge_timeout=o["converge_timeout"], pg_port=o["pg_port"],
             redis_port=o["redis_port"], cluster=o["cluster"], log_dir=Path(o["log_dir"]), keep=o["keep"],
         )
