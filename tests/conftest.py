@@ -71,7 +71,12 @@ def other_user(db):
 
 @pytest.fixture
 def staff_user(db):
-    return UserFactory(is_staff=True)
+    """Staff with the one staff permission the API tests need: ``ledger.deposit_account``."""
+    from django.contrib.auth.models import Permission
+
+    user = UserFactory(is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="deposit_account", content_type__app_label="ledger"))
+    return user
 
 
 def client_for(user) -> APIClient:

@@ -26,11 +26,15 @@ def visible_account(request, account_id: str) -> Account:
     return account
 
 
-class IsStaff(BasePermission):
-    message = "Only staff can do this."
+class CanDeposit(BasePermission):
+    """Money enters the system only by staff holding ``ledger.deposit_account``: the same
+    permission the admin's deposit form asks for (a read-only auditor has none)."""
+
+    message = "Depositing needs the ledger.deposit_account permission."
 
     def has_permission(self, request, view):
-        return bool(request.user and request.user.is_staff)
+        user = request.user
+        return bool(user and user.is_staff and user.has_perm("ledger.deposit_account"))
 
 
 class AccountListCreateView(ApiView):
@@ -78,19 +82,19 @@ class AccountDetailView(ApiView):
 
 
 class DepositView(ApiView):
-    permission_classes = [IsStaff]
+    permission_classes = [CanDeposit]
     throttle_classes = [CreateThrottle]
     throttle_scope = "create"
 
     @extend_schema(
         operation_id="accounts_deposits_create",
         tags=["accounts"],
-        summary="Credit a user account from the issuance account (staff only)",
+        summary="Credit a user account from the issuance account (staff with ledger.deposit_account)",
         request=s.DepositCreateSerializer,
         parameters=[IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RETRY_AFTER, WWW_AUTHENTICATE],
         responses={
             201: OpenApiResponse(s.DepositSerializer, description="Deposited (or a replay of the first response)."),
-            **errors(*WRITE, 403, 404, 409, 429, e403="permission_denied: only staff can deposit."),
+            **errors(*WRITE, 403, 404, 409, 429, e403="permission_denied: needs ledger.deposit_account."),
         },
     )
     def post(self, request, account_id: str):

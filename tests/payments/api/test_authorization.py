@@ -101,7 +101,7 @@ MATRIX = {
     "GET /accounts":                  (401,      200,   200,   200),
     "POST /accounts":                 (401,      201,   201,   201),
     "GET /accounts/{id}":             (401,      404,   200,   200),
-    "POST /accounts/{id}/deposits":   (401,      403,   403,   201),
+    "POST /accounts/{id}/deposits":   (401,      403,   403,   403),  # staff: ledger.deposit_account
     "GET /accounts/{id}/payments":    (401,      404,   200,   200),
     "GET /accounts/{id}/transfers":   (401,      404,   200,   200),
     "GET /payments":                  (401,      200,   200,   200),
@@ -270,3 +270,25 @@ def test_the_receiver_of_a_recurring_payment_cannot_see_or_touch_it(world):
     for response in (receiver.get(url), receiver.post(f"{url}/pause"), patch(receiver, url, {"amount": 1})):
         assert_error(response, 404, "not_found")
     assert receiver.get("/api/v1/recurring-payments").json()["items"] == []
+
+
+@pytest.mark.parametrize(("group", "status"), [("support", 403), ("auditor", 403), (None, 201)])
+def test_only_staff_with_the_deposit_permission_create_money(group, status):
+    """Neither shipped group may mint money through the API; only the permission the
+    admin's deposit form also asks for does."""
+    from django.contrib.auth.models import Group, Permission
+    from django.core.management import call_command
+
+    call_command("staff_groups", verbosity=0)
+    staff = UserFactory(is_staff=True)
+    if group:
+        staff.groups.add(Group.objects.get(name=group))
+    else:
+        staff.user_permissions.add(Permission.objects.get(codename="deposit_account", content_type__app_label="ledger"))
+    account = funded_account()
+    response = client_for(staff).post(
+        f"/api/v1/accounts/{account.id}/deposits", {"amount": 1_000_000}, format="json", HTTP_IDEMPOTENCY_KEY="k1",
+    )
+    assert response.status_code == status, response.content
+    account.refresh_from_db()
+    assert account.balance == (1_000_000 if status == 201 else 0)

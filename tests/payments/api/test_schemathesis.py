@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 import schemathesis
 from django.conf import settings
+from django.contrib.auth.models import Permission
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
@@ -125,6 +126,7 @@ def token(db):
     account, plus a target account, a scheduled payment and an active recurring payment,
     under known ids."""
     staff = UserFactory(is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="deposit_account", content_type__app_label="ledger"))
     Account.objects.create(id=OWN_ACCOUNT, owner=staff, name="own")
     ledger_deposit(key=new_id("dep"), account_id=OWN_ACCOUNT, amount=1000)
     Account.objects.create(id=TARGET_ACCOUNT, owner=UserFactory(), name="target")
