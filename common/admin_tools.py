@@ -4,15 +4,22 @@ The admin is a window on money and its audit trail: it reads, and it changes sta
 through services (cancel, freeze, deposit). Nothing here edits a row by hand.
 """
 
+import functools
 import json
+from dataclasses import dataclass, field
 
+from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin import ShowFacets
+from django.contrib.admin import ShowFacets, helpers
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.forms.models import BaseInlineFormSet
-from django.urls import path
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
@@ -124,11 +131,19 @@ def has_model_permission(model_admin, request, action: str) -> bool:
 
 def object_view_url(model_admin, name: str, view):
     """``<object_id>/<name>/`` under the model's admin, behind the admin's login and CSRF
-    checks, reversible as ``admin:<app>_<model>_<name>``."""
+    checks and the model's view permission (an act on an object needs to see it first, as
+    in the API: common/authz.py), reversible as ``admin:<app>_<model>_<name>``."""
     opts = model_admin.opts
+
+    @functools.wraps(view)
+    def seen_first(request, *args, **kwargs):
+        if not model_admin.has_view_or_change_permission(request):
+            raise PermissionDenied
+        return view(request, *args, **kwargs)
+
     return path(
         f"<path:object_id>/{name}/",
-        model_admin.admin_site.admin_view(view),
+        model_admin.admin_site.admin_view(seen_first),
         name=f"{opts.app_label}_{opts.model_name}_{name}",
     )
 
@@ -159,3 +174,198 @@ def report(request, level: int, label: str, items: list[str]) -> None:
     if items:
         messages.add_message(request, level, f"{label}: {', '.join(items)}.")
 
+
+
+# --- Staff acts: permission first, then a confirmation page with a reason ------------------
+
+
+class ActionPermissionAdminMixin:
+    """A changelist action the user may not run is refused with 403.
+
+    Django answers a POSTed action that is not among the user's actions (no permission
+    for it, or no such action) with "No action selected." and a 200 or a redirect: the
+    act silently does not happen. A staff act without its permission is refused
+    outright instead. Every ModelAdmin of the console has this mixin (a test checks the
+    admin site's registry)."""
+
+    def changelist_view(self, request, extra_context=None):
+        if request.method == "POST" and "_save" not in request.POST:  # _save: list_editable, not an action
+            allowed = self.get_actions(request)
+            if any(name and name not in allowed for name in request.POST.getlist("action")):
+                raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+
+def mend_axes_cleanup_action(site) -> None:
+    """django-axes 8.3's "Clean up expired attempts" action reads the request's login
+    attempt time, which only a login request carries (AttributeError: a 500 for any staff
+    user who runs it), and declares no permission. Re-register its admin with the action
+    run at the current time, and allowed only to those who may delete login attempts."""
+    from axes.models import AccessAttempt
+    from django.utils import timezone
+
+    model_admin = site._registry.get(AccessAttempt)
+    if model_admin is None:
+        return
+    cls = type(model_admin)
+
+    @admin.action(description="Clean up expired attempts", permissions=["delete"])
+    def cleanup_expired_attempts(self, request, queryset):
+        if not hasattr(request, "axes_attempt_time"):
+            request.axes_attempt_time = timezone.now()
+        return cls.cleanup_expired_attempts(self, request, queryset)
+
+    site.unregister(AccessAttempt)
+    site.register(AccessAttempt, type(cls.__name__, (cls,), {
+        "__module__": cls.__module__, "cleanup_expired_attempts": cleanup_expired_attempts,
+    }))
+
+
+def refuse_unpermitted_actions_everywhere(site) -> None:
+    """Give every ModelAdmin registered on ``site`` the ActionPermissionAdminMixin,
+    Django's and third-party apps' too (users, groups, tokens, login attempts): run once
+    all admin modules are imported (payments' AppConfig.ready, after the admin's
+    autodiscovery)."""
+    for model, model_admin in list(site._registry.items()):
+        if not isinstance(model_admin, ActionPermissionAdminMixin):
+            cls = type(model_admin)
+            site.unregister(model)
+            site.register(model, type(cls.__name__, (ActionPermissionAdminMixin, cls), {"__module__": cls.__module__}))
+
+
+MAX_REASON_LENGTH = 500
+
+# The confirmation page's submit: present, the act runs; absent, the page is shown.
+CONFIRMED = "confirmed"
+
+
+class ReasonForm(forms.Form):
+    """Why a staff member acts: recorded with their user (the payment's event history, the
+    ledger's staff actions, the admin's history)."""
+
+    reason = forms.CharField(
+        max_length=MAX_REASON_LENGTH,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Required. Recorded with your user.",
+    )
+
+
+@dataclass(frozen=True)
+class ConfirmedAct:
+    """An act that changes state irreversibly (or moves money): one click shows its
+    confirmation page (the rows, how many it will change, a required reason); only the
+    page's submit runs it."""
+
+    name: str  # the object URL (<id>/<name>/) and the bulk action (<name>_selected)
+    title: str  # the page's title and its button
+    explanation: str  # what it does, on the page
+    permission: str  # the ModelAdmin's has_<permission>_permission decides who may
+    form: type[forms.Form] = ReasonForm
+    extra: dict = field(default_factory=dict)  # whatever the ModelAdmin's perform_act needs
+
+
+@dataclass(frozen=True)
+class ConfirmRow:
+    cells: list
+    left_alone: str = ""  # why this row will not change (empty: it will)
+
+
+def confirmed_action(act: ConfirmedAct, description: str):
+    """The changelist action ``<act.name>_selected``: shows ``act``'s confirmation page."""
+
+    @admin.action(description=description, permissions=[act.permission])
+    def action(model_admin, request, queryset):
+        return model_admin.act_selected(request, queryset, act)
+
+    action.__name__ = f"{act.name}_selected"
+    return action
+
+
+class ConfirmedActAdminMixin:
+    """Confirmation pages for ``confirmed_acts``: the object page's button (GET
+    ``<id>/<name>/`` shows the page, its POST with CONFIRMED runs the act) and the
+    changelist action (``confirmed_action``; its page posts back to the changelist).
+    Subclasses give the page's rows (``confirmation_rows``) and run the act on each id,
+    reporting what happened (``perform_act``)."""
+
+    confirmed_acts: tuple[ConfirmedAct, ...] = ()
+    max_rows_per_act = 500
+    confirm_template = "admin/confirm_act.html"
+
+    def confirmation_rows(
+        self, request, act: ConfirmedAct, object_ids: list[str]
+    ) -> tuple[list[str], list[ConfirmRow]]:
+        """The page's table: its headers and a row per id (in the order to show)."""
+        raise NotImplementedError
+
+    def perform_act(self, request, act: ConfirmedAct, object_ids: list[str], form) -> bool:
+        """Run ``act`` on each id and report it; False (with errors on the form) when the
+        service refused the input itself."""
+        raise NotImplementedError
+
+    def act_allowed(self, request, act: ConfirmedAct) -> bool:
+        return getattr(self, f"has_{act.permission}_permission")(request)
+
+    def get_urls(self):
+        def view_for(act):
+            return lambda request, object_id: self.act_view(request, object_id, act)
+
+        return [*(object_view_url(self, act.name, view_for(act)) for act in self.confirmed_acts), *super().get_urls()]
+
+    def act_selected(self, request, queryset, act: ConfirmedAct):
+        """The bulk action. Its page posts back to the changelist with the same action,
+        the ids it listed and CONFIRMED: a row that left the list's filter meanwhile is
+        still acted on and reported, not silently skipped."""
+        plural = self.opts.verbose_name_plural
+        refusal = f"Select at most {self.max_rows_per_act} {plural} per {act.title.lower()}; nothing changed."
+        if CONFIRMED in request.POST:
+            ids = sorted(set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)))
+        else:
+            selected = queryset.order_by().values_list("pk", flat=True)[: self.max_rows_per_act + 1]
+            ids = sorted(str(pk) for pk in selected)
+        if len(ids) > self.max_rows_per_act:
+            self.message_user(request, refusal, messages.ERROR)
+            return None
+        return self.act_page(request, act, ids, back_url=request.get_full_path(), bulk_action=f"{act.name}_selected")
+
+    def act_view(self, request, object_id, act: ConfirmedAct):
+        """The object page's button: the confirmation page, then back to the object."""
+        if not self.act_allowed(request, act):
+            raise PermissionDenied
+        pk = unquote(object_id)
+        if not self.model._default_manager.filter(pk=pk).exists():
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        change_url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[quote(pk)])
+        return self.act_page(request, act, [pk], back_url=change_url) or HttpResponseRedirect(change_url)
+
+    def act_page(self, request, act: ConfirmedAct, object_ids: list[str], *, back_url: str, bulk_action: str = ""):
+        """The confirmation page (asked for, or its form invalid), or None once the act ran
+        on every id and each was reported."""
+        confirmed = request.method == "POST" and CONFIRMED in request.POST
+        form = act.form(request.POST if confirmed else None)
+        if confirmed and form.is_valid() and self.perform_act(request, act, object_ids, form):
+            return None
+        headers, rows = self.confirmation_rows(request, act, object_ids)
+        count, affected = len(object_ids), sum(1 for row in rows if not row.left_alone)
+        noun = self.opts.verbose_name if count == 1 else self.opts.verbose_name_plural
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{act.title}: {count} {noun}",
+            "subtitle": None,
+            "opts": self.opts,
+            "act": act,
+            "form": form,
+            "headers": headers,
+            "rows": rows,
+            "count": count,
+            "affected": affected,
+            "left_alone": count - affected,
+            "noun": noun,
+            "object_ids": object_ids,
+            "bulk_action": bulk_action,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "confirmed_name": CONFIRMED,
+            "back_url": back_url,
+            "has_view_permission": self.has_view_permission(request),
+        }
+        return TemplateResponse(request, self.confirm_template, context)

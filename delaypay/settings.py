@@ -4,11 +4,14 @@ Every variable read here is listed in docs/reference/configuration.md.
 """
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import environ
 from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
 
+from delaypay.db_options import session_options
 from delaypay.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -34,7 +37,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",  # expiring, revocable API tokens (payments/api/tokens.py)
+    "axes",  # login lockout after repeated failures (admin and /auth/token)
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI assets served from our own static files (no CDN)
     "ledger",
@@ -55,6 +59,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Turns the admin login's lockout into its 429 page; innermost but for the metrics.
+    "axes.middleware.AxesMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -93,11 +99,15 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # a transaction: a session idle in one for a whole lease is a stalled worker (a paused
 # VM, a process in swap) holding its batch's row locks, which keeps those payments from
 # being re-claimed; PostgreSQL ends it and the worker's late commit fails as stale.
-# A DATABASE_URL that sets its own options wins.
-DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-    "options",
-    "-c jit=off -c idle_in_transaction_session_timeout="
-    f"{int(env.float('DELAYPAY_LEASE_SECONDS', default=60.0) * 1000)}",
+# Both are added to the options a DATABASE_URL brings (?options=-c%20search_path%3Dapp):
+# its own settings are kept, and where it sets jit or the timeout itself, it wins.
+_database_options = DATABASES["default"].setdefault("OPTIONS", {})
+_database_options["options"] = session_options(
+    _database_options.get("options"),
+    {
+        "jit": "off",
+        "idle_in_transaction_session_timeout": str(int(env.float("DELAYPAY_LEASE_SECONDS", default=60.0) * 1000)),
+    },
 )
 DATABASES["default"].setdefault("TEST", {})
 if env("DJANGO_TEST_DATABASE_NAME", default=""):
@@ -133,7 +143,11 @@ STORAGES = {
 
 # --- Security (checked by `manage.py check --deploy` with DJANGO_DEBUG=0) ------------
 
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# X-Forwarded-Proto is believed only when a TLS proxy in front sets it (and replaces a
+# client's own): believed from anyone, a plain-HTTP client could pass for HTTPS.
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if env.bool("DJANGO_TRUST_X_FORWARDED_PROTO", default=False) else None
+)
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=not DEBUG)
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 SESSION_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=not DEBUG)
@@ -143,6 +157,39 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+
+# --- Login lockout (django-axes): the admin's login form and POST /auth/token -----------
+
+AUTHENTICATION_BACKENDS = [
+    # First: a locked-out username and client address is refused before any password check.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+
+def _positive(name: str, value: float) -> float:
+    if value <= 0:
+        raise ImproperlyConfigured(f"{name} must be above 0, not {value}")
+    return value
+
+
+# Failed logins count per username and client address together (one attacker cannot lock
+# a user out everywhere); a lockout ends COOLOFF minutes after the pair's last try, and a
+# successful login forgets the pair's failures. Attempts are rows in the database
+# (axes_accessattempt); `manage.py axes_reset` (and the admin) clear them.
+AXES_FAILURE_LIMIT = int(_positive("DELAYPAY_LOGIN_FAILURE_LIMIT", env.int("DELAYPAY_LOGIN_FAILURE_LIMIT", default=5)))
+AXES_COOLOFF_TIME = timedelta(
+    minutes=_positive("DELAYPAY_LOGIN_COOLOFF_MINUTES", env.float("DELAYPAY_LOGIN_COOLOFF_MINUTES", default=15.0))
+)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_HANDLER = "axes.handlers.database.AxesDatabaseHandler"
+# The client address as the API's throttles see it (DELAYPAY_NUM_PROXIES below).
+AXES_CLIENT_IP_CALLABLE = "delaypay.client_address.client_address"
+AXES_RESET_ON_SUCCESS = True
+# No row per successful login (Django's last_login says when a user last logged in).
+AXES_DISABLE_ACCESS_LOG = True
+# No "AXES: BEGIN" line at the start of every process (some read their first line).
+AXES_VERBOSE = False
 
 # --- REST framework -------------------------------------------------------------------
 
@@ -156,10 +203,21 @@ def _throttle_rate(name: str, default: str) -> str | None:
     return None if value.lower() in ("", "off", "none") else value
 
 
+# API tokens (django-rest-knox): a token is valid for this many hours after it is issued,
+# never renewed; `POST /auth/token` again for a new one.
+DELAYPAY_TOKEN_TTL_HOURS = _positive("DELAYPAY_TOKEN_TTL_HOURS", env.float("DELAYPAY_TOKEN_TTL_HOURS", default=24.0))
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(hours=DELAYPAY_TOKEN_TTL_HOURS),
+    "AUTH_HEADER_PREFIX": "Token",
+    "AUTO_REFRESH": False,
+}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["payments.api.authentication.TokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": ["payments.api.parsers.StrictJSONParser"],
+    # A body is JSON only when its Content-Type says application/json (no */*).
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "payments.api.parsers.StrictContentNegotiation",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "payments.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -178,7 +236,10 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "delaypay API",
     "DESCRIPTION": (
         "Schedule transfers of whole currency units between accounts at a future time. "
-        "Every error has the shape {\"code\", \"detail\", ...}; see the Error schema."
+        "Every error has the shape {\"code\", \"detail\", ...}; see the Error schema. That includes "
+        "what the HTTP server refuses before any operation runs, on every path: 400 bad_request (a "
+        "malformed request line, header or chunk), 414 uri_too_long, 417 expectation_failed, 431 "
+        "header_too_large, 501 not_implemented (a Transfer-Encoding other than chunked)."
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
@@ -285,9 +346,31 @@ DELAYPAY_RETRY_DELAYS = [
 # one per retry of the ladder. Claims whose message no worker started do not count.
 DELAYPAY_MAX_ATTEMPTS = env.int("DELAYPAY_MAX_ATTEMPTS", default=1 + len(DELAYPAY_RETRY_DELAYS))
 DELAYPAY_MAX_AMOUNT = env.int("DELAYPAY_MAX_AMOUNT", default=10**12)
+# Staff deposits above this many units need a second staff member's approval (four
+# eyes, ledger.approve_deposit); at or below it they post at once. 0: every deposit.
+DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD = env.int("DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD", default=10_000)
 DELAYPAY_MAX_SCHEDULE_DAYS = env.int("DELAYPAY_MAX_SCHEDULE_DAYS", default=365)
 DELAYPAY_TRANSIENT_RETRIES = env.int("DELAYPAY_TRANSIENT_RETRIES", default=5)
 DELAYPAY_MIN_RECURRING_INTERVAL = env.int("DELAYPAY_MIN_RECURRING_INTERVAL", default=60)
+
+
+def _per_user_cap(name: str, default: int) -> int:
+    """A per-user limit (payments/limits.py): a whole number, ``0`` or ``off`` for none."""
+    value = env(name, default=str(default)).strip().lower()
+    if value in ("", "off", "none"):
+        return 0
+    if not value.isdigit():
+        raise ImproperlyConfigured(f"{name} must be a whole number of 0 or more, or off (got {value!r})")
+    return int(value)
+
+
+# Per-user limits, checked when a user schedules or changes (payments/limits.py and
+# docs/reference/configuration.md): pending one-off payments, active or paused recurring
+# payments, and units due on one UTC day.
+DELAYPAY_MAX_PENDING_PAYMENTS_PER_USER = _per_user_cap("DELAYPAY_MAX_PENDING_PAYMENTS_PER_USER", 10_000)
+DELAYPAY_MAX_ACTIVE_SERIES_PER_USER = _per_user_cap("DELAYPAY_MAX_ACTIVE_SERIES_PER_USER", 100)
+DELAYPAY_MAX_DAILY_OUTFLOW_PER_USER = _per_user_cap("DELAYPAY_MAX_DAILY_OUTFLOW_PER_USER", 10**15)
+
 # Degraded mode (payments/fallback.py): a promoter that has run no beat tick for AFTER
 # seconds while Redis does not answer ticks on its own timer and executes what it claims
 # in-process, at most BATCHES_PER_TICK claim batches a tick, one promoter of the fleet

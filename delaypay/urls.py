@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from delaypay import views
+from payments.admin_limits import limits_view
 from payments.dashboard import dashboard_view
 
 urlpatterns = [
@@ -9,6 +10,7 @@ urlpatterns = [
     path("readyz", views.readyz, name="readyz"),
     path("metrics", views.metrics, name="metrics"),
     path("admin/dashboard/", admin.site.admin_view(dashboard_view), name="admin-dashboard"),
+    path("admin/limits/", admin.site.admin_view(limits_view), name="admin-limits"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("payments.api.urls")),
 ]

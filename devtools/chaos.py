@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psycopg
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
 from django.core.management import call_command
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 
@@ -178,7 +179,7 @@ def fault_plan(options: Options) -> list[Fault]:
 
 
 def plan_digest(plan: list[Fault]) -> str:
-    return hashlib.sha1("\n".join(f.describe() for f in plan).encode()).hexdigest()[:10]
+    return hashlib.sha1("\n".join(f.describe() for f in plan).encode(), usedforsecurity=False).hexdigest()[:10]
 
 
 @dataclass
@@ -211,7 +212,7 @@ def build_workload(options: Options, *, lead_seconds: float) -> Workload:
     run_tag = new_id("run")[-8:].lower()
     with transaction.atomic():
         users = User.objects.bulk_create(
-            [User(username=f"chaos-{run_tag}-{i}", password="!") for i in range(n_accounts)]
+            [User(username=f"chaos-{run_tag}-{i}", password=make_password(None)) for i in range(n_accounts)]
         )
         accounts = Account.objects.bulk_create(
             [Account(id=new_id("acc"), owner=u, name=f"chaos {i}", kind=Account.Kind.USER) for i, u in enumerate(users)]

@@ -1,6 +1,11 @@
-"""The ledger console: accounts (read-only balance; freeze, unfreeze and deposit
-through services) and the append-only transfers."""
+"""The ledger console: accounts (read-only balance; freeze, unfreeze and deposit through
+services, each with a reason), deposit requests (approved or rejected by a second staff
+member), the append-only staff actions and transfers."""
 
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
@@ -10,9 +15,15 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from common.admin_tools import (
+    ActionPermissionAdminMixin,
+    ConfirmedAct,
+    ConfirmedActAdminMixin,
+    ConfirmRow,
     LargeTableAdminMixin,
+    LatestRowsInlineFormSet,
     ReadOnlyAdminMixin,
     badge,
+    confirmed_action,
     display_column,
     has_model_permission,
     object_view_url,
@@ -21,14 +32,24 @@ from common.admin_tools import (
 )
 
 from .forms import DepositForm
-from .models import ISSUANCE_ACCOUNT_ID, Account, Transfer
+from .models import ISSUANCE_ACCOUNT_ID, Account, DepositRequest, StaffAction, Transfer
 from .selectors import transfers_for_account
 from .services import (
     AccountStateError,
+    DepositFormInvalid,
     DepositRefused,
-    account_deposit,
+    DepositRequestNotFound,
+    DepositRequestNotPending,
+    SelfApprovalForbidden,
+    UnknownAccount,
     account_deposit_check,
-    account_set_status,
+    account_freeze,
+    deposit_form_open,
+    deposit_form_result,
+    deposit_form_submit,
+    deposit_form_token,
+    deposit_request_approve,
+    deposit_request_reject,
 )
 
 ACCOUNT_STATUS_TONES = {
@@ -36,13 +57,24 @@ ACCOUNT_STATUS_TONES = {
     Account.Status.FROZEN: "amber",
     Account.Status.CLOSED: "grey",
 }
+REQUEST_STATUS_TONES = {
+    DepositRequest.Status.PENDING: "purple",
+    DepositRequest.Status.APPROVED: "green",
+    DepositRequest.Status.REJECTED: "grey",
+}
 
-MAX_ACCOUNTS_PER_ACTION = 500
 MAX_SEARCH_TERMS = 50
+
+# The deposit form page's query parameter: the token of the opened form.
+DEPOSIT_FORM_PARAM = "form"
 
 
 def account_status_badge(status: str):
     return badge(status, ACCOUNT_STATUS_TONES.get(status, "grey"))
+
+
+def request_status_badge(status: str):
+    return badge(status, REQUEST_STATUS_TONES.get(status, "grey"))
 
 
 def account_url(account_id: str) -> str:
@@ -50,15 +82,83 @@ def account_url(account_id: str) -> str:
 
 
 def account_transfers_url(account_id: str) -> str:
-    return reverse("admin:ledger_transfer_changelist") + f"?account={quote(account_id)}"
+    return reverse("admin:ledger_transfer_changelist") + "?" + urlencode({"account": account_id})
+
+
+def pending_requests_url(account_id: str) -> str:
+    query = urlencode({"account__exact": account_id, "status__exact": DepositRequest.Status.PENDING})
+    return reverse("admin:ledger_depositrequest_changelist") + "?" + query
+
+
+def deposit_request_url(request_id: str) -> str:
+    return reverse("admin:ledger_depositrequest_change", args=[quote(request_id)])
 
 
 def account_id_link(account_id: str):
     return format_html('<a class="dp-mono" href="{}">{}</a>', account_url(account_id), account_id)
 
 
+def deposit_request_link(request_id: str):
+    return format_html('<a class="dp-mono" href="{}">{}</a>', deposit_request_url(request_id), request_id)
+
+
+def username(user) -> str:
+    return user.get_username() if user is not None else "-"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FreezeAct(ConfirmedAct):
+    frozen: bool
+    done: str
+    target: str  # the status it sets
+
+
+FREEZE_ACTS = (
+    FreezeAct(
+        name="freeze",
+        title="Freeze",
+        explanation="A frozen account may receive but not send: its scheduled payments fail when due with "
+        "failure_reason account_frozen and nothing moves. System and closed accounts are refused.",
+        permission="freeze",
+        frozen=True,
+        done="Frozen",
+        target=Account.Status.FROZEN,
+    ),
+    FreezeAct(
+        name="unfreeze",
+        title="Unfreeze",
+        explanation="The account sends again: its payments due from now on execute as usual (those that already "
+        "failed as account_frozen stay failed).",
+        permission="freeze",
+        frozen=False,
+        done="Unfrozen",
+        target=Account.Status.ACTIVE,
+    ),
+)
+
+
+class StaffActionInline(ReadOnlyAdminMixin, admin.TabularInline):
+    """The account's staff history: who deposited, requested, approved, froze or cancelled, and why."""
+
+    model = StaffAction
+    fk_name = "account"
+    formset = LatestRowsInlineFormSet
+    verbose_name = "staff action"
+    verbose_name_plural = f"staff actions (the latest {LatestRowsInlineFormSet.max_rows}, newest first)"
+    fields = ("created_at", "action", "actor", "amount", "reason", "payment_id", "deposit_request", "transfer_key")
+    readonly_fields = fields
+    ordering = ("-id",)
+    extra = 0
+    can_delete = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("actor")
+
+
 @admin.register(Account)
-class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class AccountAdmin(
+    ActionPermissionAdminMixin, ConfirmedActAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin
+):
     list_display = ("id", "name", "owner", "kind", "status_col", "balance", "created_at", "transfers_col")
     list_select_related = ("owner",)
     list_filter = ("kind", "status")
@@ -68,6 +168,7 @@ class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     actions = ["freeze_selected", "unfreeze_selected"]
     fields = ("id", "owner", "name", "kind", "status_col", "balance", "transfers_col", "created_at", "updated_at")
     readonly_fields = fields
+    inlines = [StaffActionInline]
 
     status_col = display_column("status", account_status_badge, "status")
 
@@ -81,56 +182,70 @@ class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
             return queryset, False
         return queryset.filter(pk__in=terms) | queryset.filter(owner__username__in=terms), False
 
-    # --- freeze / unfreeze ----------------------------------------------------------
+    # --- freeze / unfreeze: a confirmation page with a reason, then account_freeze -------
+
+    confirmed_acts = FREEZE_ACTS
+    freeze_selected = confirmed_action(
+        FREEZE_ACTS[0], "Freeze selected accounts (their payments fail as account_frozen; asks for a reason)"
+    )
+    unfreeze_selected = confirmed_action(FREEZE_ACTS[1], "Unfreeze selected accounts (asks for a reason)")
 
     def has_freeze_permission(self, request, obj=None) -> bool:
         return has_model_permission(self, request, "freeze")
 
-    @admin.action(
-        description="Freeze selected accounts (their payments fail as account_frozen)", permissions=["freeze"]
-    )
-    def freeze_selected(self, request, queryset):
-        self.set_status_and_report(request, queryset, Account.Status.FROZEN)
-
-    @admin.action(description="Unfreeze selected accounts", permissions=["freeze"])
-    def unfreeze_selected(self, request, queryset):
-        self.set_status_and_report(request, queryset, Account.Status.ACTIVE)
-
-    def set_status_and_report(self, request, queryset, status: str) -> None:
-        rows = list(queryset.order_by("id").values_list("id", "kind", "status")[: MAX_ACCOUNTS_PER_ACTION + 1])
-        if len(rows) > MAX_ACCOUNTS_PER_ACTION:
-            self.message_user(
-                request, f"Select at most {MAX_ACCOUNTS_PER_ACTION} accounts; nothing changed.", messages.ERROR
-            )
-            return
-        changed, unchanged, refused = [], [], []
-        for account_id, kind, before in rows:
-            if kind != Account.Kind.USER:
-                refused.append(f"{account_id} is a system account")
+    def confirmation_rows(self, request, act: FreezeAct, object_ids: list[str]):
+        accounts = {a.pk: a for a in Account.objects.filter(pk__in=object_ids).select_related("owner")}
+        rows = []
+        for account_id in sorted(object_ids, key=lambda pk: (pk not in accounts, pk)):
+            account = accounts.get(account_id)
+            if account is None:
+                rows.append(ConfirmRow([account_id, "-", "-", "-", "-"], left_alone="no such account"))
                 continue
+            if account.kind != Account.Kind.USER:
+                left_alone = "a system account"
+            elif account.status == Account.Status.CLOSED:
+                left_alone = "closed"
+            elif account.status == act.target:
+                left_alone = f"already {act.target}"
+            else:
+                left_alone = ""
+            rows.append(ConfirmRow(
+                [account_id_link(account.pk), username(account.owner), account.kind,
+                 account_status_badge(account.status), account.balance],
+                left_alone=left_alone,
+            ))
+        return ["account", "owner", "kind", "status", "balance"], rows
+
+    def perform_act(self, request, act: FreezeAct, object_ids: list[str], form) -> bool:
+        changed, unchanged, refused = [], [], []
+        reason = form.cleaned_data["reason"]
+        for account_id in object_ids:
             try:
-                account = account_set_status(account_id=account_id, status=status)
+                outcome = account_freeze(account_id=account_id, frozen=act.frozen, actor=request.user, reason=reason)
             except AccountStateError as exc:
                 refused.append(f"{account_id}: {exc}")
                 continue
-            if before == status:
-                unchanged.append(account_id)
-            else:
+            except UnknownAccount:
+                refused.append(f"{account_id}: no such account")
+                continue
+            if outcome.changed_now:
                 changed.append(account_id)
-                self.log_change(request, account, f"Status {before} -> {status} from the admin.")
-        verb = "Frozen" if status == Account.Status.FROZEN else "Unfrozen"
-        report(request, messages.SUCCESS, verb, changed)
-        report(request, messages.INFO, f"Already {status}", unchanged)
+                self.log_change(request, outcome.account, f"{act.done} from the admin: {reason}")
+            else:
+                unchanged.append(account_id)
+        report(request, messages.SUCCESS, act.done, changed)
+        report(request, messages.INFO, f"Already {act.target}", unchanged)
         report(request, messages.ERROR, "Refused", refused)
-        if changed and status == Account.Status.FROZEN:
+        if changed and act.frozen:
             self.message_user(
                 request,
                 "Scheduled payments from a frozen account fail when due (failure_reason account_frozen);"
                 " nothing moves. The account still receives.",
                 messages.WARNING,
             )
+        return True
 
-    # --- deposit --------------------------------------------------------------------
+    # --- deposit: one opened form, one deposit (or one request above the threshold) ---------
 
     def has_deposit_permission(self, request, obj=None) -> bool:
         return has_model_permission(self, request, "deposit")
@@ -139,7 +254,10 @@ class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
         return [object_view_url(self, "deposit", self.deposit_view), *super().get_urls()]
 
     def deposit_view(self, request, object_id):
-        """Form, then ``account_deposit`` with the key the form carries, then back to the account."""
+        """The deposit form. Opening it (no ``?form=``) issues a one-time token and
+        redirects to the page that carries it; submitting consumes the token in the
+        deposit's transaction. Back or a reload returns to that same page, which then
+        says the form was submitted instead of offering it again."""
         if not self.has_deposit_permission(request):
             raise PermissionDenied
         account = self.get_object(request, unquote(object_id))
@@ -151,28 +269,28 @@ class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
         except DepositRefused as exc:
             self.message_user(request, exc.detail, messages.ERROR)
             return back
-        form = DepositForm(request.POST if request.method == "POST" else None, account_id=account.pk)
-        if form.is_valid():
-            amount, key = form.cleaned_data["amount"], form.cleaned_data["token"]
-            try:
-                deposit = account_deposit(account_id=account.pk, amount=amount, key=key)
-            except DepositRefused as exc:
-                self.message_user(request, f"Deposit refused: {exc.reason}. Nothing moved.", messages.ERROR)
-                return back
-            if deposit.replayed:
-                self.message_user(
-                    request,
-                    f"This deposit form was already submitted: {deposit.amount} was deposited into"
-                    f" {deposit.account_id} at {deposit.posted_at.isoformat()} (ledger key {key})."
-                    " Nothing more moved.",
-                    messages.WARNING,
-                )
-            else:
-                self.message_user(
-                    request, f"Deposited {amount} into {account.pk} (ledger key {key}).", messages.SUCCESS
-                )
-                self.log_change(request, account, f"Deposit of {amount} (ledger key {key}).")
+        form_url = reverse("admin:ledger_account_deposit", args=[quote(account.pk)])
+        token = request.GET.get(DEPOSIT_FORM_PARAM, "")
+        try:
+            row = deposit_form_token(token=token, account_id=account.pk, actor=request.user) if token else None
+        except DepositFormInvalid as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+            row = None
+            if request.method == "POST":
+                return HttpResponseRedirect(form_url)
+        if row is None:  # open a new form
+            token = deposit_form_open(account_id=account.pk, actor=request.user)
+            return HttpResponseRedirect(f"{form_url}?{DEPOSIT_FORM_PARAM}={token}")
+
+        if row.consumed_at is not None and request.method == "POST":  # Back and submit again
+            self.deposit_already_submitted(request, deposit_form_result(token=row))
             return back
+        form = None
+        if row.consumed_at is None:
+            form = DepositForm(request.POST if request.method == "POST" else None)
+            if form.is_valid():
+                self.deposit_submit(request, account, token, form)
+                return back
         context = {
             **self.admin_site.each_context(request),
             "title": f"Deposit into {account.pk}",
@@ -180,17 +298,251 @@ class AccountAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
             "opts": self.opts,
             "original": account,
             "form": form,
+            "submitted": None if form is not None else self.deposit_text(deposit_form_result(token=row)),
+            "new_form_url": form_url,
+            "threshold": settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD,
             "issuance_account_id": ISSUANCE_ACCOUNT_ID,
             "has_view_permission": self.has_view_permission(request, account),
         }
         return TemplateResponse(request, "admin/ledger/account/deposit.html", context)
 
-    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
-        context["can_deposit"] = (
-            obj is not None and obj.kind == Account.Kind.USER and self.has_deposit_permission(request, obj)
+    @staticmethod
+    def deposit_text(submission) -> str:
+        if submission.request is not None:
+            req = submission.request
+            return (
+                f"a deposit of {req.amount} into {req.account_id} was requested as {req.id} (now {req.status});"
+                " it moves money once another staff member approves it"
+            )
+        dep = submission.deposit
+        return f"{dep.amount} was deposited into {dep.account_id} at {dep.posted_at.isoformat()} (ledger key {dep.key})"
+
+    def deposit_already_submitted(self, request, submission) -> None:
+        self.message_user(
+            request,
+            f"This deposit form was already submitted: {self.deposit_text(submission)}. Nothing more moved.",
+            messages.WARNING,
         )
+
+    def deposit_submit(self, request, account, token: str, form) -> None:
+        """Run the submit and report it."""
+        amount, reason = form.cleaned_data["amount"], form.cleaned_data["reason"]
+        try:
+            result = deposit_form_submit(
+                token=token, account_id=account.pk, actor=request.user, amount=amount, reason=reason
+            )
+        except DepositRefused as exc:
+            self.message_user(request, f"Deposit refused: {exc.reason}. Nothing moved.", messages.ERROR)
+            return
+        if result.already:
+            self.deposit_already_submitted(request, result.submission)
+            return
+        if result.submission.request is not None:
+            req = result.submission.request
+            self.message_user(
+                request,
+                format_html(
+                    "{} is above the approval threshold ({}): requested as {}. Another staff member with "
+                    "ledger.approve_deposit must approve it; nothing moved yet.",
+                    amount, settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD, deposit_request_link(req.id),
+                ),
+                messages.SUCCESS,
+            )
+            self.log_change(request, account, f"Deposit of {amount} requested ({req.id}): {reason}")
+            return
+        self.message_user(request, f"Deposited {amount} into {account.pk} (ledger key {token}).", messages.SUCCESS)
+        self.log_change(request, account, f"Deposit of {amount} (ledger key {token}): {reason}")
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        is_user_account = obj is not None and obj.kind == Account.Kind.USER
+        context["can_deposit"] = is_user_account and self.has_deposit_permission(request, obj)
+        may_freeze = is_user_account and self.has_freeze_permission(request, obj)
+        context["can_freeze"] = may_freeze and obj.status == Account.Status.ACTIVE
+        context["can_unfreeze"] = may_freeze and obj.status == Account.Status.FROZEN
         context["transfers_url"] = account_transfers_url(obj.pk) if obj is not None else ""
+        if obj is not None:
+            context["pending_requests"] = DepositRequest.objects.filter(
+                account=obj, status=DepositRequest.Status.PENDING
+            ).count()
+            context["pending_requests_url"] = pending_requests_url(obj.pk)
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
+
+
+# --- deposit requests: four eyes ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionAct(ConfirmedAct):
+    done: str
+    already: str
+    run: object  # deposit_request_approve or deposit_request_reject
+
+
+DECISION_ACTS = (
+    DecisionAct(
+        name="approve",
+        title="Approve",
+        explanation="Each pending request's money moves now, from the issuance account into its account, once "
+        "(its ledger key is the request's id). Requests you made yourself are refused: another staff member "
+        "must decide them.",
+        permission="approve",
+        done="Approved",
+        already="Already approved",
+        run=deposit_request_approve,
+    ),
+    DecisionAct(
+        name="reject",
+        title="Reject",
+        explanation="Each pending request ends rejected; nothing moves. Requests you made yourself are refused.",
+        permission="approve",
+        done="Rejected",
+        already="Already rejected",
+        run=deposit_request_reject,
+    ),
+)
+
+
+@admin.register(DepositRequest)
+class DepositRequestAdmin(
+    ActionPermissionAdminMixin, ConfirmedActAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin
+):
+    list_display = (
+        "id", "account_col", "amount", "status_col", "requested_by", "created_at_col", "decided_by", "decided_at_col"
+    )
+    list_select_related = ("requested_by", "decided_by")
+    list_filter = ("status",)
+    ordering = ("-id",)  # ids are ULIDs: newest first
+    search_fields = ("id",)  # shows the box; get_search_results does the matching
+    search_help_text = "Exact request id or account id; several separated by spaces."
+    actions = ["approve_selected", "reject_selected"]
+    fields = (
+        "id", "account_col", "amount", "reason", "status_col", "requested_by", "created_at",
+        "decided_by", "decided_at", "decision_reason", "transfer_col",
+    )
+    readonly_fields = fields
+
+    account_col = display_column("account_id", account_id_link, "account", ordering="account")
+    status_col = display_column("status", request_status_badge, "status")
+    created_at_col = display_column("created_at", utc_text, "requested (UTC)")
+    decided_at_col = display_column("decided_at", utc_text, "decided (UTC)")
+
+    @admin.display(description="ledger transfer")
+    def transfer_col(self, obj):
+        transfer = Transfer.objects.filter(key=obj.pk).first()
+        if transfer is None:
+            return "none: no money moved for this request"
+        url = reverse("admin:ledger_transfer_change", args=[transfer.pk])
+        return format_html('<a href="{}">transfer #{}</a> at {}', url, transfer.pk, transfer.created_at.isoformat())
+
+    def get_search_results(self, request, queryset, search_term):
+        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        if not terms:
+            return queryset, False
+        return queryset.filter(pk__in=terms) | queryset.filter(account_id__in=terms), False
+
+    confirmed_acts = DECISION_ACTS
+    approve_selected = confirmed_action(DECISION_ACTS[0], "Approve selected deposit requests (asks for a reason)")
+    reject_selected = confirmed_action(DECISION_ACTS[1], "Reject selected deposit requests (asks for a reason)")
+
+    def has_approve_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("ledger.approve_deposit")
+
+    def confirmation_rows(self, request, act: DecisionAct, object_ids: list[str]):
+        found = {r.pk: r for r in DepositRequest.objects.filter(pk__in=object_ids).select_related("requested_by")}
+        rows = []
+        for request_id in sorted(object_ids, key=lambda pk: (pk not in found, pk)):
+            req = found.get(request_id)
+            if req is None:
+                rows.append(ConfirmRow([request_id, *["-"] * 5], left_alone="no such request"))
+                continue
+            if req.requested_by_id == request.user.pk:
+                left_alone = "requested by you"
+            elif req.status != DepositRequest.Status.PENDING:
+                left_alone = f"already {req.status}"
+            else:
+                left_alone = ""
+            rows.append(ConfirmRow(
+                [deposit_request_link(req.pk), account_id_link(req.account_id), req.amount,
+                 username(req.requested_by), req.reason, request_status_badge(req.status)],
+                left_alone=left_alone,
+            ))
+        return ["request", "account", "amount", "requested by", "reason", "status"], rows
+
+    def perform_act(self, request, act: DecisionAct, object_ids: list[str], form) -> bool:
+        done, already, refused, missing = [], [], [], []
+        reason = form.cleaned_data["reason"]
+        for request_id in object_ids:
+            try:
+                decision = act.run(request_id=request_id, actor=request.user, reason=reason)
+            except SelfApprovalForbidden:
+                refused.append(f"{request_id} is your own request")
+                continue
+            except DepositRequestNotPending as exc:
+                refused.append(f"{request_id} is {exc.status}")
+                continue
+            except DepositRefused as exc:
+                refused.append(f"{request_id}: {exc.reason}")
+                continue
+            except DepositRequestNotFound:
+                missing.append(request_id)
+                continue
+            if decision.changed_now:
+                done.append(request_id)
+                self.log_change(request, decision.request, f"{act.done} from the admin: {reason}")
+            else:
+                already.append(request_id)
+        report(request, messages.SUCCESS, act.done, done)
+        report(request, messages.INFO, act.already, already)
+        report(request, messages.ERROR, "Refused", refused)
+        report(request, messages.ERROR, "No such deposit request", missing)
+        return True
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        context["can_decide"] = (
+            obj is not None
+            and obj.status == DepositRequest.Status.PENDING
+            and obj.requested_by_id != request.user.pk
+            and self.has_approve_permission(request, obj)
+        )
+        context["own_request"] = obj is not None and obj.requested_by_id == request.user.pk
+        return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
+
+
+@admin.register(StaffAction)
+class StaffActionAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Every staff act on money or an account, with its author and reason. Append-only."""
+
+    list_display = ("id", "created_at_col", "actor", "action", "account_col", "payment_id", "amount", "reason")
+    list_select_related = ("actor",)
+    list_filter = ("action",)
+    ordering = ("-id",)
+    search_fields = ("account__id",)  # shows the box; get_search_results does the matching
+    search_help_text = (
+        "Exact account id, payment id, deposit request id or staff username; several separated by spaces."
+    )
+    fields = (
+        "id", "created_at", "actor", "action", "reason", "account_col", "payment_id", "deposit_request",
+        "transfer_key", "amount",
+    )
+    readonly_fields = fields
+
+    created_at_col = display_column("created_at", utc_text, "at (UTC)")
+
+    @admin.display(description="account", ordering="account")
+    def account_col(self, obj):
+        return account_id_link(obj.account_id) if obj.account_id else "-"
+
+    def get_search_results(self, request, queryset, search_term):
+        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        if not terms:
+            return queryset, False
+        matching = (
+            queryset.filter(account_id__in=terms)
+            | queryset.filter(payment_id__in=terms)
+            | queryset.filter(deposit_request_id__in=terms)
+            | queryset.filter(actor__username__in=terms)
+        )
+        return matching, False
 
 
 class TransferAccountFilter(admin.SimpleListFilter):
@@ -215,7 +567,7 @@ class TransferAccountFilter(admin.SimpleListFilter):
 
 
 @admin.register(Transfer)
-class TransferAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class TransferAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ("id", "key", "debit_col", "credit_col", "amount", "created_at_col")
     list_filter = (TransferAccountFilter, "created_at")
     ordering = ("-id",)

@@ -20,6 +20,14 @@ def new_account_id() -> str:
     return new_id("acc")
 
 
+def new_deposit_request_id() -> str:
+    return new_id("dreq")
+
+
+def new_deposit_form_token() -> str:
+    return new_id("adep")
+
+
 class Account(models.Model):
     class Kind(models.TextChoices):
         USER = "user"
@@ -103,3 +111,135 @@ class Transfer(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.debit_account_id} -> {self.credit_account_id} {self.amount}"
+
+
+class DepositRequest(models.Model):
+    """A deposit above ``DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD``: requested by one staff
+    member, approved (the money moves, under the ledger key ``id``) or rejected by another.
+
+    pending -> approved | rejected, forward only: a compare-and-set on ``pending`` decides
+    (two approvers racing post once), and a trigger refuses any other change and every
+    delete. The database also refuses a decision by the requester (four eyes)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        REJECTED = "rejected"
+
+    id = models.CharField(primary_key=True, max_length=40, default=new_deposit_request_id, editable=False)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="deposit_requests")
+    amount = models.BigIntegerField()
+    reason = models.TextField(help_text="Why the requester wants the money deposited.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        permissions = [("approve_deposit", "Can approve or reject another staff member's deposit request")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(amount__gt=0), name="ledger_depositrequest_amount_positive"),
+            models.CheckConstraint(
+                condition=models.Q(status__in=["pending", "approved", "rejected"]),
+                name="ledger_depositrequest_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    models.Q(status="pending", decided_by__isnull=True, decided_at__isnull=True)
+                    | (
+                        models.Q(status__in=["approved", "rejected"])
+                        & models.Q(decided_by__isnull=False, decided_at__isnull=False)
+                        & ~models.Q(decided_by=models.F("requested_by"))
+                    )
+                ),
+                name="ledger_depositrequest_decided_by_another",
+            ),
+            models.CheckConstraint(condition=models.Q(reason__regex=r"\S"), name="ledger_depositrequest_reason_given"),
+        ]
+        indexes = [
+            # The pending queue (and an account's pending requests), oldest first.
+            models.Index(
+                fields=["account", "created_at"],
+                name="ledger_depreq_pending_idx",
+                condition=models.Q(status="pending"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id}: {self.amount} into {self.account_id} ({self.status})"
+
+
+class StaffActionKind(models.TextChoices):
+    DEPOSIT = "deposit"
+    DEPOSIT_REQUESTED = "deposit_requested"
+    DEPOSIT_APPROVED = "deposit_approved"
+    DEPOSIT_REJECTED = "deposit_rejected"
+    FREEZE = "freeze"
+    UNFREEZE = "unfreeze"
+    PAYMENT_CANCEL = "payment_cancel"
+
+
+class StaffAction(models.Model):
+    """Who did what to money or an account, and why: every deposit, deposit request,
+    approval, rejection, freeze, unfreeze and staff cancel, written in the same
+    transaction as the act. Append-only (a trigger refuses UPDATE and DELETE)."""
+
+    Kind = StaffActionKind
+
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    action = models.CharField(max_length=20, choices=Kind.choices)
+    reason = models.TextField()
+    account = models.ForeignKey(
+        Account, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    # An opaque payment id: the ledger knows nothing of payments beyond a key.
+    payment_id = models.CharField(max_length=40, blank=True, default="")
+    deposit_request = models.ForeignKey(
+        DepositRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    transfer_key = models.CharField(max_length=64, blank=True, default="", help_text="The deposit's ledger key.")
+    amount = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(action__in=StaffActionKind.values), name="ledger_staffaction_action_valid"
+            ),
+            models.CheckConstraint(condition=models.Q(reason__regex=r"\S"), name="ledger_staffaction_reason_given"),
+        ]
+        indexes = [models.Index(fields=["account", "id"], name="ledger_staffaction_account_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action} by {self.actor_id}: {self.reason[:40]}"
+
+
+class DepositFormToken(models.Model):
+    """One opened deposit form in the admin: issued to one staff member for one account,
+    consumed by the submit that acts on it, in the deposit's transaction. The form page's
+    URL carries it, so Back (or a reload) returns to the same, consumed form."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=new_deposit_form_token, editable=False)
+    account = models.ForeignKey(Account, on_delete=models.CASCADE, related_name="+", db_index=False)
+    issued_to = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    issued_at = models.DateTimeField(db_default=Now(), editable=False)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    # What the submit did: a deposit (its ledger key is this token's id) or a request.
+    amount = models.BigIntegerField(null=True, blank=True)
+    deposit_request = models.ForeignKey(
+        DepositRequest, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+
+    class Meta:
+        indexes = [models.Index(fields=["issued_to", "issued_at"], name="ledger_formtoken_user_idx")]
+
+    def __str__(self) -> str:
+        return f"deposit form {self.id} for {self.account_id}"

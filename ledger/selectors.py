@@ -5,19 +5,38 @@ from datetime import datetime
 from django.db import connection
 from django.db.models import Q, QuerySet
 
+from common.authz import staff_may_view
+
 from . import sql
-from .models import Account, Transfer
+from .models import Account, DepositRequest, StaffAction, Transfer
 
 
 def account_visible_to(*, user) -> QuerySet[Account]:
-    """Accounts a user may read: their own; staff see every account."""
+    """Accounts a user may read: their own; every account for staff with
+    ``ledger.view_account`` (common/authz.py)."""
     qs = Account.objects.all()
-    return qs if user.is_staff else qs.filter(owner=user)
+    return qs if staff_may_view(user, Account) else qs.filter(owner=user)
+
+
+def transfer_visible_to(*, user) -> QuerySet[Transfer]:
+    """Transfers a user may read: those debiting or crediting an account they own; every
+    transfer for staff with ``ledger.view_transfer``."""
+    qs = Transfer.objects.all()
+    if staff_may_view(user, Transfer):
+        return qs
+    return qs.filter(Q(debit_account__owner=user) | Q(credit_account__owner=user))
 
 
 def transfers_for_account(*, account_id: str) -> QuerySet[Transfer]:
     """Every transfer that debits or credits the account."""
     return Transfer.objects.filter(Q(debit_account_id=account_id) | Q(credit_account_id=account_id))
+
+
+def transfer_list_for_account(*, user, account: Account) -> QuerySet[Transfer]:
+    """The transfers of ``account`` that ``user`` may read: every one when the account is
+    theirs (no join on owners then), else those transfer_visible_to allows. Unordered."""
+    transfers = transfers_for_account(account_id=account.id)
+    return transfers if account.owner_id == user.id else transfers & transfer_visible_to(user=user)
 
 
 def transfer_by_key(*, key: str) -> Transfer | None:
@@ -34,3 +53,21 @@ def transfer_times(*, keys: list[str]) -> dict[str, datetime]:
     with connection.cursor() as cur:
         cur.execute(sql.TRANSFER_TIMES, [list(keys)])
         return dict(cur.fetchall())
+
+
+def deposit_requests(*, status: str | None = None, account_id: str | None = None) -> QuerySet[DepositRequest]:
+    """Deposit requests, optionally in one status or for one account (staff reads:
+    the callers check ``ledger.view_depositrequest``). Unordered: the caller orders."""
+    qs = DepositRequest.objects.select_related("requested_by", "decided_by")
+    if status:
+        qs = qs.filter(status=status)
+    return qs.filter(account_id=account_id) if account_id else qs
+
+
+def deposit_request_get(*, request_id: str) -> DepositRequest | None:
+    return deposit_requests().filter(pk=request_id).first()
+
+
+def staff_actions_for_account(*, account_id: str) -> QuerySet[StaffAction]:
+    """Who did what to the account and why, oldest first."""
+    return StaffAction.objects.filter(account_id=account_id).select_related("actor").order_by("id")

@@ -7,15 +7,17 @@ implementation of the guard, the funds check and the balance update.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
+from django.conf import settings
 from django.db import connection, transaction
+from django.db.models.functions import Now
 
 from common.ids import new_id
 
 from . import sql
-from .models import ISSUANCE_ACCOUNT_ID, Account
+from .models import ISSUANCE_ACCOUNT_ID, Account, DepositFormToken, DepositRequest, StaffAction
 from .selectors import transfer_by_key
 
 
@@ -205,26 +207,20 @@ def account_deposit_check(*, account: Account) -> None:
         raise DepositRefused("Deposits go to user accounts only.", reason="not_a_user_account")
 
 
-def account_deposit(*, account_id: str, amount: int, key: str | None = None) -> Deposit:
-    """Credit a user account from the issuance account, once per ``key`` (a new ``dep_``
-    key when none is given): the one deposit service of the API and the admin.
-
-    A key that already moved money moves nothing more and returns that earlier deposit
-    (``replayed``). Raises ``DepositRefused`` for a system account or when the ledger
-    refuses (a closed account)."""
-    key = key or new_id("dep")
-    with transaction.atomic():
-        account = Account.objects.filter(pk=account_id).first()
-        if account is None:
-            raise UnknownAccount(account_id)
-        account_deposit_check(account=account)
-        result = ledger_deposit(key=key, account_id=account_id, amount=amount)
-        if result.outcome == Outcome.ALREADY_APPLIED:
-            earlier = transfer_by_key(key=key)
-            account_id, amount = earlier.credit_account_id, earlier.amount
-        elif result.outcome != Outcome.APPLIED:
-            raise DepositRefused(f"The deposit was rejected: {result.outcome.value}.", reason=result.outcome.value)
-        balance = Account.objects.values_list("balance", flat=True).get(pk=account_id)
+def _deposit_post(*, account_id: str, amount: int, key: str) -> Deposit:
+    """Credit ``account_id`` under ``key`` inside the caller's transaction (the guard,
+    the checks and the posting of ``ledger_post_batch``)."""
+    account = Account.objects.filter(pk=account_id).first()
+    if account is None:
+        raise UnknownAccount(account_id)
+    account_deposit_check(account=account)
+    result = ledger_post_batch(postings=[Posting(key, ISSUANCE_ACCOUNT_ID, account_id, amount)])[key]
+    if result.outcome == Outcome.ALREADY_APPLIED:
+        earlier = transfer_by_key(key=key)
+        account_id, amount = earlier.credit_account_id, earlier.amount
+    elif result.outcome != Outcome.APPLIED:
+        raise DepositRefused(f"The deposit was rejected: {result.outcome.value}.", reason=result.outcome.value)
+    balance = Account.objects.values_list("balance", flat=True).get(pk=account_id)
     return Deposit(
         key=key,
         account_id=account_id,
@@ -233,6 +229,29 @@ def account_deposit(*, account_id: str, amount: int, key: str | None = None) -> 
         posted_at=result.posted_at,
         replayed=result.outcome == Outcome.ALREADY_APPLIED,
     )
+
+
+def account_deposit(*, account_id: str, amount: int, actor, reason: str, key: str | None = None) -> Deposit:
+    """Credit a user account from the issuance account at once, once per ``key`` (a new
+    ``dep_`` key when none is given), with a ``deposit`` staff action naming ``actor`` and
+    ``reason`` in the same transaction. Only at or below the approval threshold: above
+    it money needs a second person (``deposit_request_create``).
+
+    A key that already moved money moves nothing more and returns that earlier deposit
+    (``replayed``, no second staff action). Raises ``DepositRefused`` for a system
+    account or when the ledger refuses (a closed account)."""
+    reason = clean_reason(reason)
+    if deposit_needs_approval(amount=amount):
+        raise DepositNeedsApproval(amount)
+    key = key or new_id("dep")
+    with transaction.atomic():
+        deposit = _deposit_post(account_id=account_id, amount=amount, key=key)
+        if not deposit.replayed:
+            staff_action_record(
+                actor=actor, action=StaffAction.Kind.DEPOSIT, reason=reason, account_id=account_id,
+                transfer_key=key, amount=amount,
+            )
+    return deposit
 
 
 def account_create(*, owner, name: str) -> Account:
@@ -250,3 +269,299 @@ def account_set_status(*, account_id: str, status: str) -> Account:
             Account.objects.filter(pk=account_id).update(status=status)
             account.refresh_from_db()
         return account
+
+
+@dataclass(frozen=True, slots=True)
+class StatusChange:
+    account: Account
+    changed_now: bool  # False: it already had that status
+
+
+def account_freeze(*, account_id: str, frozen: bool, actor, reason: str) -> StatusChange:
+    """A staff member freezes (``frozen``) or unfreezes a user account, with a ``freeze``
+    or ``unfreeze`` staff action in the same transaction. Raises ``AccountStateError`` for
+    a system or closed account, ``UnknownAccount`` for none."""
+    reason = clean_reason(reason)
+    status = Account.Status.FROZEN if frozen else Account.Status.ACTIVE
+    with transaction.atomic():
+        before = (
+            Account.objects.select_for_update(no_key=True).filter(pk=account_id).values_list("kind", "status").first()
+        )
+        if before is None:
+            raise UnknownAccount(account_id)
+        if before[0] != Account.Kind.USER:
+            raise AccountStateError("a system account is never frozen")
+        account = account_set_status(account_id=account_id, status=status)
+        changed = before[1] != status
+        if changed:
+            staff_action_record(
+                actor=actor, action=StaffAction.Kind.FREEZE if frozen else StaffAction.Kind.UNFREEZE,
+                reason=reason, account_id=account_id,
+            )
+    return StatusChange(account, changed_now=changed)
+
+
+# --- Staff actions: an author and a reason for every staff act on money -----------------
+
+MAX_REASON = 500
+
+
+class ReasonRequired(ValueError):
+    """A staff act without a usable reason (the API: 400 validation_error on ``reason``)."""
+
+    code = "validation_error"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.detail = "Invalid input."
+        self.extra = {"fields": {"reason": [message]}}
+
+
+def clean_reason(reason) -> str:
+    """The reason of a staff act, stripped: required, at most ``MAX_REASON`` characters."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise ReasonRequired("Say why: the reason is recorded with your user.")
+    if len(reason.strip()) > MAX_REASON:
+        raise ReasonRequired(f"At most {MAX_REASON} characters.")
+    return reason.strip()
+
+
+def staff_action_record(
+    *,
+    actor,
+    action: str,
+    reason: str,
+    account_id: str | None = None,
+    payment_id: str = "",
+    deposit_request_id: str | None = None,
+    transfer_key: str = "",
+    amount: int | None = None,
+) -> StaffAction:
+    """Record who did ``action`` and why, inside the act's own transaction: the act and
+    its record commit together or not at all."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("a staff action is recorded inside the transaction of the act")
+    return StaffAction.objects.create(
+        actor=actor, action=action, reason=clean_reason(reason), account_id=account_id, payment_id=payment_id,
+        deposit_request_id=deposit_request_id, transfer_key=transfer_key, amount=amount,
+    )
+
+
+# --- Four eyes: deposits above the threshold are requested, then approved by another ------
+
+
+class DepositNeedsApproval(ValueError):
+    """``account_deposit`` of an amount above the threshold: request it instead."""
+
+    def __init__(self, amount: int):
+        super().__init__(
+            f"{amount} is above DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD"
+            f" ({settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD}): request it for another staff member's approval."
+        )
+
+
+class DepositRequestNotFound(Exception):
+    code = "not_found"
+
+    def __init__(self):
+        super().__init__("No such deposit request.")
+        self.detail = "No such deposit request."
+
+
+class SelfApprovalForbidden(Exception):
+    """Four eyes: whoever requested a deposit may not approve or reject it."""
+
+    code = "self_approval_forbidden"
+
+    def __init__(self):
+        super().__init__("You requested this deposit: another staff member must approve or reject it.")
+        self.detail = str(self)
+
+
+class DepositRequestNotPending(Exception):
+    """Approve of a rejected request, or reject of an approved one."""
+
+    code = "deposit_request_not_pending"
+
+    def __init__(self, status: str):
+        super().__init__(f"The deposit request is {status}.")
+        self.detail = str(self)
+        self.status = status
+        self.extra = {"status": status}
+
+
+def deposit_needs_approval(*, amount: int) -> bool:
+    """Whether a deposit of ``amount`` needs a second staff member."""
+    return amount > settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD
+
+
+def deposit_request_create(*, account_id: str, amount: int, actor, reason: str) -> DepositRequest:
+    """Ask another staff member to approve a deposit, with a ``deposit_requested`` staff
+    action. Refused at once (``DepositRefused``) when the account can never receive it:
+    a system or closed account. Nothing moves until ``deposit_request_approve``."""
+    reason = clean_reason(reason)
+    if amount <= 0:
+        raise InvalidPosting(f"invalid amount {amount!r}")
+    with transaction.atomic():
+        account = Account.objects.filter(pk=account_id).first()
+        if account is None:
+            raise UnknownAccount(account_id)
+        account_deposit_check(account=account)
+        if account.status == Account.Status.CLOSED:
+            raise DepositRefused("The deposit was rejected: account_closed.", reason="account_closed")
+        request = DepositRequest.objects.create(account=account, amount=amount, reason=reason, requested_by=actor)
+        staff_action_record(
+            actor=actor, action=StaffAction.Kind.DEPOSIT_REQUESTED, reason=reason, account_id=account_id,
+            deposit_request_id=request.id, amount=amount,
+        )
+    request.refresh_from_db()
+    return request
+
+
+@dataclass(frozen=True, slots=True)
+class DepositSubmission:
+    """What a staff deposit did: posted at once (``deposit``) or waits for approval (``request``)."""
+
+    deposit: Deposit | None = None
+    request: DepositRequest | None = None
+
+
+def deposit_submit(*, account_id: str, amount: int, actor, reason: str, key: str | None = None) -> DepositSubmission:
+    """The deposit of the API and the admin: at or below the threshold it posts at once
+    (``account_deposit``), above it it becomes a request for another staff member."""
+    if deposit_needs_approval(amount=amount):
+        return DepositSubmission(
+            request=deposit_request_create(account_id=account_id, amount=amount, actor=actor, reason=reason)
+        )
+    return DepositSubmission(deposit=account_deposit(account_id=account_id, amount=amount, actor=actor,
+                                                     reason=reason, key=key))
+
+
+@dataclass(frozen=True, slots=True)
+class DepositDecision:
+    request: DepositRequest
+    changed_now: bool  # False: an earlier identical decision had already made it
+    deposit: Deposit | None = None  # an approval that moved the money just now
+
+
+def _decide_request(*, request_id: str, actor, reason: str, status: str) -> tuple[DepositRequest | None, bool]:
+    """The compare-and-set: pending -> ``status``, by anyone but the requester. Returns
+    (the request, True) when this call decided it; else (the request as it is, False)
+    after raising for what the caller may not do."""
+    updated = (
+        DepositRequest.objects.filter(pk=request_id, status=DepositRequest.Status.PENDING)
+        .exclude(requested_by=actor)
+        .update(status=status, decided_by=actor, decided_at=Now(), decision_reason=reason)
+    )
+    request = DepositRequest.objects.filter(pk=request_id).first()
+    if request is None:
+        raise DepositRequestNotFound()
+    if updated:
+        return request, True
+    if request.requested_by_id == actor.pk:
+        raise SelfApprovalForbidden()
+    if request.status != status:
+        raise DepositRequestNotPending(request.status)
+    return request, False  # decided so already: a retried request
+
+
+def deposit_request_approve(*, request_id: str, actor, reason: str) -> DepositDecision:
+    """Approve another staff member's deposit request: the money moves once, under the
+    ledger key ``request_id``, with a ``deposit_approved`` staff action, all in one
+    transaction. Two approvers racing: the compare-and-set on ``pending`` lets one win,
+    the other gets the approved request (``changed_now`` False) and moves nothing. If the
+    ledger refuses (the account was closed meanwhile) nothing changes: the request stays
+    pending and ``DepositRefused`` says why. Raises ``SelfApprovalForbidden`` for the
+    requester, ``DepositRequestNotPending`` for a rejected request."""
+    reason = clean_reason(reason)
+    with transaction.atomic():
+        request, decided = _decide_request(
+            request_id=request_id, actor=actor, reason=reason, status=DepositRequest.Status.APPROVED
+        )
+        if not decided:
+            return DepositDecision(request, changed_now=False)
+        deposit = _deposit_post(account_id=request.account_id, amount=request.amount, key=request.id)
+        staff_action_record(
+            actor=actor, action=StaffAction.Kind.DEPOSIT_APPROVED, reason=reason, account_id=request.account_id,
+            deposit_request_id=request.id, transfer_key=request.id, amount=request.amount,
+        )
+    return DepositDecision(request, changed_now=True, deposit=deposit)
+
+
+def deposit_request_reject(*, request_id: str, actor, reason: str) -> DepositDecision:
+    """Reject another staff member's deposit request, with a ``deposit_rejected`` staff
+    action; nothing moves. Idempotent like approval; ``DepositRequestNotPending`` for an
+    approved request."""
+    reason = clean_reason(reason)
+    with transaction.atomic():
+        request, decided = _decide_request(
+            request_id=request_id, actor=actor, reason=reason, status=DepositRequest.Status.REJECTED
+        )
+        if decided:
+            staff_action_record(
+                actor=actor, action=StaffAction.Kind.DEPOSIT_REJECTED, reason=reason, account_id=request.account_id,
+                deposit_request_id=request.id, amount=request.amount,
+            )
+    return DepositDecision(request, changed_now=decided)
+
+
+# --- The admin's deposit form: one token per opened form, consumed by its submit ----------
+
+DEPOSIT_FORM_MAX_AGE = timedelta(hours=24)
+
+
+class DepositFormInvalid(ValueError):
+    """A token that was never issued to this user for this account, or that expired."""
+
+
+def deposit_form_open(*, account_id: str, actor) -> str:
+    """Issue the token of one deposit form (its URL carries it). Forgets this user's
+    tokens older than twice the maximum age on the way."""
+    DepositFormToken.objects.filter(issued_to=actor, issued_at__lt=Now() - 2 * DEPOSIT_FORM_MAX_AGE).delete()
+    return DepositFormToken.objects.create(account_id=account_id, issued_to=actor).id
+
+
+def deposit_form_token(*, token: str, account_id: str, actor) -> DepositFormToken:
+    """The form's token if it is this user's, for this account and not expired (consumed
+    or not); else ``DepositFormInvalid``."""
+    row = DepositFormToken.objects.filter(
+        pk=token, account_id=account_id, issued_to=actor, issued_at__gte=Now() - DEPOSIT_FORM_MAX_AGE
+    ).first()
+    if row is None:
+        raise DepositFormInvalid("This form is unknown, expired or someone else's; open the deposit form again.")
+    return row
+
+
+@dataclass(frozen=True, slots=True)
+class DepositFormResult:
+    submission: DepositSubmission
+    already: bool  # the form had been submitted before: this submit did nothing
+
+
+def deposit_form_result(*, token: DepositFormToken) -> DepositSubmission:
+    """What a consumed form did: its deposit (ledger key = the token) or its request."""
+    if token.deposit_request_id:
+        return DepositSubmission(request=token.deposit_request)
+    transfer = transfer_by_key(key=token.id)
+    balance = Account.objects.values_list("balance", flat=True).get(pk=transfer.credit_account_id)
+    return DepositSubmission(deposit=Deposit(
+        key=transfer.key, account_id=transfer.credit_account_id, amount=transfer.amount, balance=balance,
+        posted_at=transfer.created_at, replayed=True,
+    ))
+
+
+def deposit_form_submit(*, token: str, account_id: str, actor, amount: int, reason: str) -> DepositFormResult:
+    """Consume the form's token and deposit (or request the deposit) in one transaction:
+    a second submit of the same form (a double click, Back and submit again) finds the
+    token consumed and does nothing (``already``). A refused deposit rolls the consumption
+    back, so the same form can be corrected and sent again."""
+    reason = clean_reason(reason)
+    with transaction.atomic():
+        row = deposit_form_token(token=token, account_id=account_id, actor=actor)
+        consumed = DepositFormToken.objects.filter(pk=row.pk, consumed_at__isnull=True).update(consumed_at=Now())
+        if not consumed:  # another submit of this form got there first (and committed)
+            row.refresh_from_db()
+            return DepositFormResult(deposit_form_result(token=row), already=True)
+        submission = deposit_submit(account_id=account_id, amount=amount, actor=actor, reason=reason, key=row.id)
+        DepositFormToken.objects.filter(pk=row.pk).update(amount=amount, deposit_request=submission.request)
+    return DepositFormResult(submission, already=False)

@@ -1,14 +1,16 @@
 """Every raw SQL statement of the ledger, each under a name that says what it does.
 
 Raw SQL because the batch forms are set-based (``unnest`` of arrays: one INSERT and one
-UPDATE however many postings a batch has) and the account reads must say ``FOR UPDATE``
-in id order. ``ledger/services.py`` and ``ledger/selectors.py`` run them.
+UPDATE however many postings a batch has) and the account reads must say ``FOR NO KEY
+UPDATE`` in id order (no key changes, so foreign-key checks of rows that reference an
+account, which take ``FOR KEY SHARE``, never wait on a posting batch).
+``ledger/services.py`` and ``ledger/selectors.py`` run them.
 """
 
 # The accounts of a batch, read in ascending id order; %s: the ids. The locking form
 # is what makes concurrent batches that share accounts wait instead of deadlocking.
 READ_ACCOUNTS = "SELECT id, kind, status, balance FROM ledger_account WHERE id = ANY(%s) ORDER BY id"
-LOCK_ACCOUNTS = READ_ACCOUNTS + " FOR UPDATE"
+LOCK_ACCOUNTS = READ_ACCOUNTS + " FOR NO KEY UPDATE"
 
 # The transfers already recorded under some keys, with when they were posted; %s: keys.
 TRANSFER_TIMES = "SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)"

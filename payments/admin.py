@@ -1,11 +1,12 @@
 """The payments operations console.
 
 Staff read everything; they change state only through the services the API uses:
-"Cancel selected payments" and the detail page's Cancel button both call
-``payment_cancel_outcome`` (the CAS); the review queue's "Re-drive" and "Resolve as
-failed" (bulk actions and buttons, each through a confirmation page that asks for a
-reason) call ``payment_redrive`` / ``payment_resolve``; "Pause" and "Resume" on recurring
-payments call ``recurring_pause`` / ``recurring_resume``. No money field, status or time is editable,
+"Cancel" (bulk action and the detail page's button) calls ``payment_cancel_by_staff``
+(the cancel CAS and a staff action with the reason); the review queue's "Re-drive" and
+"Resolve as failed" call ``payment_redrive`` / ``payment_resolve``; each of these goes
+through a confirmation page that counts what will change and asks for a reason (common/
+admin_tools.py, ConfirmedActAdminMixin). "Pause" and "Resume" on recurring payments call
+``recurring_pause`` / ``recurring_resume``. No money field, status or time is editable,
 nothing can be added or deleted, and the database triggers would refuse it anyway.
 """
 
@@ -13,25 +14,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from common.admin_tools import (
+    ActionPermissionAdminMixin,
+    ConfirmedAct,
+    ConfirmedActAdminMixin,
+    ConfirmRow,
     LargeTableAdminMixin,
     LatestRowsInlineFormSet,
     ReadOnlyAdminMixin,
+    ReasonForm,
     badge,
+    confirmed_action,
     display_column,
     has_model_permission,
     object_view_url,
     report,
     utc_text,
 )
+from ledger.models import StaffAction
 from ledger.selectors import transfer_by_key
 
 from .exceptions import (
@@ -63,7 +69,7 @@ from .selectors import (
     recurring_search_condition,
 )
 from .series import recurring_pause, recurring_resume
-from .services import ReviewOutcome, payment_cancel_outcome, payment_redrive, payment_resolve
+from .services import payment_cancel_by_staff, payment_redrive, payment_resolve
 
 admin.site.site_header = "delaypay operations"
 admin.site.site_title = "delaypay operations"
@@ -82,15 +88,6 @@ STATUS_TONES = {
     RecurringStatus.PAUSED: "amber",
     RecurringStatus.ENDED: "grey",
 }
-
-# One request cancels at most this many payments (one short transaction each).
-MAX_CANCEL_PER_ACTION = 500
-
-# One request re-drives or resolves at most this many payments.
-MAX_REVIEW_PER_ACTION = 500
-
-# The confirmation page's submit: present, the review act runs; absent, the page is shown.
-REVIEW_CONFIRMED = "review_confirmed"
 
 # More search terms than this are ignored (each is an exact id or username).
 MAX_SEARCH_TERMS = 50
@@ -158,45 +155,81 @@ class FailureReasonFilter(admin.SimpleListFilter):
         return queryset
 
 
-@dataclass(frozen=True)
-class ReviewAct:
-    """One of the review queue's two acts: its words, its form and its service."""
+@dataclass(frozen=True, kw_only=True)
+class PaymentAct(ConfirmedAct):
+    """Cancel, re-drive or resolve: the confirmation page's words and the service, run on
+    each payment. ``run`` returns (the payment, whether this call changed it)."""
 
-    name: str  # the URL (<id>/<name>/) and the bulk action (<name>_selected)
-    title: str
-    explanation: str  # on the confirmation page
-    form: type[ReviewForm]
+    eligible: tuple[str, ...]  # the statuses it changes; the page marks the rest "left alone"
+    ineligible: str  # what the rest are called on the page
     done: str
     already: str
-    run: Callable[..., ReviewOutcome]  # (payment_id=, actor=, data=form.cleaned_data)
+    refused: str  # the report of a payment in another status ("Too late to cancel: pay_... is EXECUTED")
+    run: Callable[..., tuple[ScheduledPayment, bool]]  # (payment_id=, actor=, data=form.cleaned_data)
 
 
-REVIEW_ACTS = {
-    "redrive": ReviewAct(
+def _cancel(*, payment_id: str, actor, data: dict) -> tuple[ScheduledPayment, bool]:
+    outcome = payment_cancel_by_staff(payment_id=payment_id, actor=actor, reason=data["reason"])
+    return outcome.payment, outcome.cancelled_now
+
+
+def _redrive(*, payment_id: str, actor, data: dict) -> tuple[ScheduledPayment, bool]:
+    outcome = payment_redrive(
+        payment_id=payment_id, actor=actor, reason=data["reason"], execute_at=data.get("execute_at")
+    )
+    return outcome.payment, outcome.changed_now
+
+
+def _resolve(*, payment_id: str, actor, data: dict) -> tuple[ScheduledPayment, bool]:
+    outcome = payment_resolve(payment_id=payment_id, actor=actor, outcome="failed", reason=data["reason"])
+    return outcome.payment, outcome.changed_now
+
+
+PAYMENT_ACTS = (
+    PaymentAct(
+        name="cancel",
+        title="Cancel",
+        explanation="Each payment that is SCHEDULED or in review ends CANCELLED: the same compare-and-set as "
+        "DELETE /api/v1/payments/{id}, so it races a worker's claim and exactly one wins. No money moves. The "
+        "cancel is recorded in the payment's event history and in the ledger's staff actions, with your reason.",
+        permission="cancel",
+        form=ReasonForm,
+        eligible=(PaymentStatus.SCHEDULED, PaymentStatus.NEEDS_REVIEW),
+        ineligible="already claimed, finished or cancelled",
+        done="Cancelled",
+        already="Already cancelled",
+        refused="Too late to cancel",
+        run=_cancel,
+    ),
+    PaymentAct(
         name="redrive",
         title="Re-drive",
         explanation="Each payment in review goes back to SCHEDULED with a fresh retry budget, due at once or at "
         "the time given, and executes like any other payment.",
+        permission="redrive",
         form=RedriveForm,
+        eligible=(PaymentStatus.NEEDS_REVIEW,),
+        ineligible="not in review",
         done="Re-driven",
         already="Already re-driven",
-        run=lambda *, payment_id, actor, data: payment_redrive(
-            payment_id=payment_id, actor=actor, reason=data["reason"], execute_at=data.get("execute_at")
-        ),
+        refused="Not in review",
+        run=_redrive,
     ),
-    "resolve": ReviewAct(
+    PaymentAct(
         name="resolve",
         title="Resolve as failed",
         explanation="Each payment in review ends FAILED with failure_reason resolved_by_staff. No money moves.",
+        permission="redrive",
         form=ReviewForm,
+        eligible=(PaymentStatus.NEEDS_REVIEW,),
+        ineligible="not in review",
         done="Resolved as failed",
         already="Already resolved as failed",
-        run=lambda *, payment_id, actor, data: payment_resolve(
-            payment_id=payment_id, actor=actor, outcome="failed", reason=data["reason"]
-        ),
+        refused="Not in review",
+        run=_resolve,
     ),
-}
-REVIEW_ACTIONS = frozenset(f"{name}_selected" for name in REVIEW_ACTS)
+)
+PAYMENT_ACT = {act.name: act for act in PAYMENT_ACTS}
 
 
 class ExecutionAttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
@@ -254,7 +287,14 @@ class PayerToPayeeAdminMixin:
 
 
 @admin.register(ScheduledPayment)
-class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class ScheduledPaymentAdmin(
+    ActionPermissionAdminMixin,
+    ConfirmedActAdminMixin,
+    PayerToPayeeAdminMixin,
+    LargeTableAdminMixin,
+    ReadOnlyAdminMixin,
+    admin.ModelAdmin,
+):
     list_display = (
         "id",
         "from_col",
@@ -316,7 +356,7 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
                 )
             },
         ),
-        ("Ledger", {"fields": ("ledger_transfer",)}),
+        ("Ledger", {"fields": ("ledger_transfer", "staff_actions")}),
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
 
@@ -339,60 +379,81 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
 
     search_condition = staticmethod(payment_search_condition)
 
-    # --- cancel: the bulk action and the detail page's button --------------------
+    # --- cancel, re-drive, resolve: a confirmation page, then the service on each --------
+
+    confirmed_acts = PAYMENT_ACTS
+    cancel_selected = confirmed_action(PAYMENT_ACT["cancel"], "Cancel selected payments (asks for a reason)")
+    redrive_selected = confirmed_action(
+        PAYMENT_ACT["redrive"], "Re-drive selected payments in review (asks for a reason)"
+    )
+    resolve_selected = confirmed_action(
+        PAYMENT_ACT["resolve"], "Resolve selected payments in review as failed (asks for a reason)"
+    )
 
     def has_cancel_permission(self, request, obj=None) -> bool:
         return has_model_permission(self, request, "cancel")
 
-    @admin.action(description="Cancel selected payments", permissions=["cancel"])
-    def cancel_selected(self, request, queryset):
-        refusal = f"Select at most {MAX_CANCEL_PER_ACTION} payments per cancel; nothing was cancelled."
-        ids = self.selected_ids(request, queryset, limit=MAX_CANCEL_PER_ACTION, refusal=refusal)
-        if ids is not None:
-            self.cancel_and_report(request, ids)
+    def has_redrive_permission(self, request, obj=None) -> bool:
+        return has_model_permission(self, request, "redrive")
 
-    def cancel_and_report(self, request, payment_ids: list[str]) -> None:
-        """Cancel each payment through the service and say what happened to each."""
-        cancelled, already, too_late, missing = [], [], [], []
-        for payment_id in payment_ids:
+    def confirmation_rows(self, request, act: PaymentAct, object_ids: list[str]):
+        payments = {
+            p.pk: p
+            for p in ScheduledPayment.objects.filter(pk__in=object_ids).select_related(
+                "from_account__owner", "to_account__owner"
+            )
+        }
+        headers = ["payment", "status", "amount", "from", "to", "due (UTC)", "tries", "review reason", "since (UTC)"]
+        rows = []
+        for payment_id in sorted(object_ids, key=lambda pk: (pk not in payments, pk)):
+            p = payments.get(payment_id)
+            if p is None:
+                rows.append(ConfirmRow([payment_id, *["-"] * 8], left_alone="no such payment"))
+                continue
+            rows.append(ConfirmRow(
+                [
+                    payment_link(p.pk), status_badge(p.status), p.amount, account_cell(p.from_account),
+                    account_cell(p.to_account), utc_text(p.execute_at), p.tries, p.review_reason or "-",
+                    utc_text(p.updated_at),
+                ],
+                left_alone="" if p.status in act.eligible else act.ineligible,
+            ))
+        return headers, rows
+
+    def perform_act(self, request, act: PaymentAct, object_ids: list[str], form) -> bool:
+        """Run ``act`` on each payment through its service and say what happened to each.
+        False, with the errors on the form, when the service refused the input itself
+        (an execute_at in the past)."""
+        done, already, refused, missing = [], [], [], []
+        reason = form.cleaned_data["reason"]
+        for payment_id in object_ids:
             try:
-                outcome = payment_cancel_outcome(payment_id=payment_id, actor=request.user)
-            except PaymentNotCancellable as exc:
-                too_late.append(f"{payment_id} is {exc.status}")
+                payment, changed = act.run(payment_id=payment_id, actor=request.user, data=form.cleaned_data)
+            except PaymentValidationError as exc:
+                for field, errors in exc.fields.items():
+                    form.add_error(field if field in form.fields else None, errors)
+                break
+            except (PaymentNotCancellable, PaymentNotInReview) as exc:
+                refused.append(f"{payment_id} is {exc.status}")
                 continue
             except PaymentNotFound:
                 missing.append(payment_id)
                 continue
-            if outcome.cancelled_now:
-                cancelled.append(payment_id)
-                self.log_change(request, outcome.payment, "Cancelled from the admin.")
+            if changed:
+                done.append(payment_id)
+                self.log_change(request, payment, f"{act.done} from the admin: {reason}")
             else:
                 already.append(payment_id)
-        report(request, messages.SUCCESS, "Cancelled", cancelled)
-        report(request, messages.INFO, "Already cancelled", already)
-        report(request, messages.WARNING, "Too late to cancel", too_late)
+        report(request, messages.SUCCESS, act.done, done)
+        report(request, messages.INFO, act.already, already)
+        report(request, messages.WARNING, act.refused, refused)
         report(request, messages.ERROR, "No such payment", missing)
-
-    def get_urls(self):
-        return [
-            object_view_url(self, "cancel", self.cancel_view),
-            object_view_url(self, "redrive", self.redrive_view),
-            object_view_url(self, "resolve", self.resolve_view),
-            *super().get_urls(),
-        ]
-
-    def cancel_view(self, request, object_id):
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        if not self.has_cancel_permission(request):
-            raise PermissionDenied
-        self.cancel_and_report(request, [unquote(object_id)])
-        return HttpResponseRedirect(reverse("admin:payments_scheduledpayment_change", args=[object_id]))
+        return not form.errors
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         context["can_cancel"] = (
             obj is not None
-            and obj.status in (PaymentStatus.SCHEDULED, PaymentStatus.NEEDS_REVIEW)
+            and obj.status in PAYMENT_ACT["cancel"].eligible
             and self.has_cancel_permission(request, obj)
         )
         context["can_review"] = (
@@ -400,122 +461,16 @@ class ScheduledPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
         )
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
-    # --- the review queue: re-drive and resolve, bulk and single, after a confirmation ---
-
-    def has_redrive_permission(self, request, obj=None) -> bool:
-        return has_model_permission(self, request, "redrive")
-
-    def changelist_view(self, request, extra_context=None):
-        # Django answers an action the user may not run with "No action selected." and a
-        # redirect; a staff act without its permission is refused outright.
-        if (
-            request.method == "POST"
-            and REVIEW_ACTIONS & set(request.POST.getlist("action"))
-            and not self.has_redrive_permission(request)
-        ):
-            raise PermissionDenied
-        return super().changelist_view(request, extra_context)
-
-    @admin.action(description="Re-drive selected payments in review (asks for a reason)", permissions=["redrive"])
-    def redrive_selected(self, request, queryset):
-        return self.review_selected(request, queryset, REVIEW_ACTS["redrive"])
-
-    @admin.action(description="Resolve selected payments in review as failed (asks for a reason)",
-                  permissions=["redrive"])
-    def resolve_selected(self, request, queryset):
-        return self.review_selected(request, queryset, REVIEW_ACTS["resolve"])
-
-    def review_selected(self, request, queryset, act: ReviewAct):
-        """The bulk action. Its confirmation page posts back to the changelist with the
-        same action, the ids it listed and REVIEW_CONFIRMED."""
-        refusal = f"Select at most {MAX_REVIEW_PER_ACTION} payments per {act.title.lower()}; nothing changed."
-        if REVIEW_CONFIRMED in request.POST:
-            # The ids the page listed, whatever the list's filter holds by now: a payment
-            # that left the queue meanwhile is reported, not silently skipped.
-            ids = sorted(set(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)))
-            if len(ids) > MAX_REVIEW_PER_ACTION:
-                self.message_user(request, refusal, messages.ERROR)
-                return None
-        else:
-            ids = self.selected_ids(request, queryset, limit=MAX_REVIEW_PER_ACTION, refusal=refusal)
-            if ids is None:
-                return None
-        return self.review_page(request, act, ids, back_url=request.get_full_path(), bulk_action=f"{act.name}_selected")
-
-    def redrive_view(self, request, object_id):
-        return self.review_view(request, object_id, REVIEW_ACTS["redrive"])
-
-    def resolve_view(self, request, object_id):
-        return self.review_view(request, object_id, REVIEW_ACTS["resolve"])
-
-    def review_view(self, request, object_id, act: ReviewAct):
-        """The payment page's button: the confirmation page, then back to the payment."""
-        if not self.has_redrive_permission(request):
-            raise PermissionDenied
-        payment_id = unquote(object_id)
-        if not ScheduledPayment.objects.filter(pk=payment_id).exists():
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
-        change_url = reverse("admin:payments_scheduledpayment_change", args=[quote(payment_id)])
-        return self.review_page(request, act, [payment_id], back_url=change_url) or HttpResponseRedirect(change_url)
-
-    def review_page(self, request, act: ReviewAct, payment_ids: list[str], *, back_url: str, bulk_action: str = ""):
-        """The confirmation page (asked for, or its form invalid), or None once the act
-        ran on every payment and each was reported. ``bulk_action``: the changelist
-        action the page posts back to (none: the page posts to itself)."""
-        confirmed = request.method == "POST" and REVIEW_CONFIRMED in request.POST
-        form = act.form(request.POST if confirmed else None)
-        if confirmed and form.is_valid() and self.review_and_report(request, act, payment_ids, form):
-            return None
-        payments = (
-            ScheduledPayment.objects.filter(pk__in=payment_ids)
-            .select_related("from_account__owner", "to_account__owner")
-            .order_by("updated_at", "id")
+    @admin.display(description="staff actions")
+    def staff_actions(self, obj):
+        """Who cancelled this payment as staff, and why (the ledger's staff actions)."""
+        actions = StaffAction.objects.filter(payment_id=obj.pk).select_related("actor").order_by("id")
+        if not actions:
+            return "-"
+        return format_html_join(
+            "", "<div>{} · {} by {}: {}</div>",
+            ((utc_text(a.created_at), a.action, a.actor.get_username(), a.reason) for a in actions),
         )
-        context = {
-            **self.admin_site.each_context(request),
-            "title": f"{act.title}: {len(payment_ids)} payment{'s' if len(payment_ids) != 1 else ''}",
-            "subtitle": None,
-            "opts": self.opts,
-            "act": act,
-            "form": form,
-            "payments": [(p, status_badge(p.status), p.status == PaymentStatus.NEEDS_REVIEW) for p in payments],
-            "payment_ids": payment_ids,
-            "bulk_action": bulk_action,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "review_confirmed": REVIEW_CONFIRMED,
-            "back_url": back_url,
-            "has_view_permission": self.has_view_permission(request),
-        }
-        return TemplateResponse(request, "admin/payments/scheduledpayment/review.html", context)
-
-    def review_and_report(self, request, act: ReviewAct, payment_ids: list[str], form) -> bool:
-        """Run ``act`` on each payment through its service and say what happened to each.
-        False, with the errors on the form, when the service refused the input itself
-        (an execute_at in the past)."""
-        done, already, not_in_review, missing = [], [], [], []
-        for payment_id in payment_ids:
-            try:
-                outcome = act.run(payment_id=payment_id, actor=request.user, data=form.cleaned_data)
-            except PaymentValidationError as exc:
-                for field, errors in exc.fields.items():
-                    form.add_error(field if field in form.fields else None, errors)
-                break
-            except PaymentNotInReview as exc:
-                not_in_review.append(f"{payment_id} is {exc.status}")
-                continue
-            except PaymentNotFound:
-                missing.append(payment_id)
-                continue
-            if outcome.changed_now:
-                done.append(payment_id)
-                self.log_change(request, outcome.payment, f"{act.done} from the admin: {form.cleaned_data['reason']}")
-            else:
-                already.append(payment_id)
-        report(request, messages.SUCCESS, act.done, done)
-        report(request, messages.INFO, act.already, already)
-        report(request, messages.WARNING, "Not in review", not_in_review)
-        report(request, messages.ERROR, "No such payment", missing)
-        return not form.errors
 
 
 # --- recurring payments -------------------------------------------------------------------
@@ -562,7 +517,9 @@ def rule_text(obj) -> str:
 
 
 @admin.register(RecurringPayment)
-class RecurringPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class RecurringPaymentAdmin(
+    ActionPermissionAdminMixin, PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin
+):
     list_display = (
         "id", "from_col", "to_col", "amount", "rule_col", "status_col", "next_occurrence_at_col", "created_at_col"
     )
@@ -670,7 +627,7 @@ class RecurringPaymentAdmin(PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOn
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
 
-class PaymentAuditAdmin(LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class PaymentAuditAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """The append-only tables beside a payment, newest first, searched by payment id."""
 
     ordering = ("-id",)

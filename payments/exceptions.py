@@ -119,6 +119,39 @@ class IdempotencyKeyInvalid(DomainError):
     default_detail = "Idempotency-Key must be 1 to 255 printable ASCII characters, bare or in double quotes."
 
 
+class IdempotencyKeyRepeated(DomainError):
+    # WSGI joins a header sent twice with ","; a bare key with a comma cannot be told apart.
+    code = "idempotency_key_repeated"
+    default_detail = (
+        "Send one Idempotency-Key header with one key; a bare key may not contain a comma "
+        "(two headers arrive joined by one)."
+    )
+
+
 class InvalidCredentials(DomainError):
     code = "invalid_credentials"
     default_detail = "Unable to log in with the given username and password."
+
+
+class SystemAccountPayee(DomainError):
+    """A payment or recurring payment into a system account (the issuance account): money
+    enters the system through deposits and never flows back by a payment."""
+
+    code = "system_account"
+    default_detail = "Payments to a system account are refused: pay a user account."
+
+
+# Per-user limits (payments/limits.py). Each carries ``limit`` (the cap) and ``usage``
+# (where the user stands before this request); the daily one also ``requested`` and ``day``.
+
+
+class PendingPaymentsLimit(DomainError):
+    code = "limit_pending_payments"
+
+
+class ActiveSeriesLimit(DomainError):
+    code = "limit_active_series"
+
+
+class DailyOutflowLimit(DomainError):
+    code = "limit_daily_outflow"

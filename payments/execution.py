@@ -1,6 +1,6 @@
 """The executor: apply a claimed batch of payments in one transaction, in four steps.
 
-1. ``lock_fenced``: lock the payments ``FOR UPDATE`` where status = EXECUTING and
+1. ``lock_fenced``: lock the payments ``FOR NO KEY UPDATE`` where status = EXECUTING and
    attempt = the message's (the fence); the rest are stale (superseded or finished)
    and change nothing.
 2. ``decide``: each locked payment's outcome. Payments started more often than their

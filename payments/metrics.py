@@ -53,6 +53,15 @@ executed_total = Counter(
 transient_errors_total = Counter(
     "delaypay_batch_transient_errors", "Batches rolled back by a transient database error (then retried)."
 )
+limit_refusals_total = Counter(
+    "delaypay_limit_refusals",
+    "Creates and changes refused by a per-user limit or for paying a system account, by code.",
+    ["limit"],
+)
+conflict_retries_total = Counter(
+    "delaypay_batch_conflict_retries",
+    "Batches rolled back by a deadlock or serialization failure and applied again at once, in-process.",
+)
 dispatch_lateness_seconds = Histogram(
     "delaypay_dispatch_lateness_seconds",
     "claimed_at - execute_at of each payment's first claim.",
@@ -83,6 +92,12 @@ promoter_tick_seconds = Histogram(
     "Time one promoter tick spent claiming and publishing.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1, 2, 5),
 )
+recurring_generation_failures_total = Counter(
+    "delaypay_recurring_generation_failures",
+    "Recurring payments whose next occurrence a promoter tick could not generate (rolled back alone, tried "
+    "again next tick), by reason: lock_timeout, deadlock, serialization, timeout, database, rule, error.",
+    ["reason"],
+)
 
 
 def observe_many(histogram: Histogram, values: list[float]) -> None:
@@ -104,6 +119,10 @@ def observe_many(histogram: Histogram, values: list[float]) -> None:
         if n:
             buckets[i].inc(n)
     histogram._sum.inc(sum(values))
+
+
+def record_recurring_generation_failure(reason: str) -> None:
+    recurring_generation_failures_total.labels(reason=reason).inc()
 
 
 def record_tick(result: "TickResult") -> None:
@@ -149,6 +168,14 @@ def record_error() -> None:
 
 def record_transient_error() -> None:
     transient_errors_total.inc()
+
+
+def record_limit_refusal(code: str) -> None:
+    limit_refusals_total.labels(limit=code).inc()
+
+
+def record_conflict_retry() -> None:
+    conflict_retries_total.inc()
 
 
 def record_reconcile_result(*, violations: int) -> None:

@@ -119,6 +119,10 @@ class ScheduledPayment(models.Model):
         db_index=False,  # payments_recurring_idx, partial: one-shot payments stay out of it
     )
     occurrence_at = models.DateTimeField(null=True, blank=True)
+    # Cancelled by its series (paused, changed or ended), not on its own: its occurrence
+    # slot is free for the series to generate again. An occurrence cancelled on its own
+    # (DELETE /payments/{id}, the admin) keeps its slot and is never generated again.
+    cancelled_by_series = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     updated_at = models.DateTimeField(db_default=Now(), editable=False)
 
@@ -141,14 +145,20 @@ class ScheduledPayment(models.Model):
             models.CheckConstraint(
                 condition=models.Q(jitter_seconds__gte=0, jitter_seconds__lte=3600), name="payments_jitter_range"
             ),
-            # A retried or duplicated generation can never create an occurrence twice. A
-            # cancelled occurrence (the schedule was paused) frees its slot for a resume.
-            # One-shot payments are not in the index: a status change is never a HOT
-            # update, so every index a row is in costs every claim and every finish.
+            # A retried or duplicated generation can never create an occurrence twice,
+            # and an occurrence cancelled on its own keeps its slot: it is never generated
+            # again. Only one its series cancelled (paused, changed, ended) frees its slot
+            # for the series (a resume before it was due brings it back). One-shot
+            # payments are not in the index: a status change is never a HOT update, so
+            # every index a row is in costs every claim and every finish.
             models.UniqueConstraint(
                 fields=["recurring", "occurrence_at"],
-                condition=models.Q(recurring__isnull=False) & ~models.Q(status="CANCELLED"),
+                condition=models.Q(recurring__isnull=False, cancelled_by_series=False),
                 name="payments_occurrence_unique",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(cancelled_by_series=False) | models.Q(status="CANCELLED"),
+                name="payments_series_cancel_is_cancelled",
             ),
             models.CheckConstraint(
                 condition=~models.Q(status="EXECUTING") | models.Q(lease_until__isnull=False),

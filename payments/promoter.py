@@ -114,6 +114,9 @@ def promoter_run_tick(*, degraded: bool = False) -> "TickResult":
     """One beat tick (the promoter_tick task): generate due recurring occurrences, claim
     due payments and publish them, then record the heartbeat, metrics and log lines.
     ``degraded``: a tick of the fallback while Redis is down (payments/fallback.py)."""
+    # Never raises: in bounded batches, a series that cannot be generated now (a lock
+    # timeout, a deadlock, bad data) is rolled back alone, logged, counted and tried again
+    # next tick, and the claim below goes ahead (payments/series.py).
     recurring_generate_due()
     result = promoter_tick(degraded=degraded)
     services.heartbeat_record(name=Heartbeat.PROMOTER)

@@ -1,5 +1,6 @@
 """Payment reads, scoped to who may see what."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,6 +21,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from django.db.models.lookups import Exact, In
 
+from common.authz import staff_may, staff_may_view
 from ledger.models import Account
 
 from . import sql
@@ -48,102 +50,115 @@ def _own(qs: QuerySet, user) -> QuerySet:
 
 
 def payment_visible_to(*, user) -> QuerySet[ScheduledPayment]:
-    """Payments a user may read and cancel: those they created or that debit an account
-    they own. Staff see every payment."""
+    """Payments a user may read: those they created or that debit an account they own;
+    every payment for staff with ``payments.view_scheduledpayment`` (common/authz.py)."""
     qs = ScheduledPayment.objects.all()
-    if user.is_staff:
-        return qs
-    return _own(qs, user)
+    return qs if staff_may_view(user, ScheduledPayment) else _own(qs, user)
 
 
-def _with_attempts(qs: QuerySet[ScheduledPayment]) -> QuerySet[ScheduledPayment]:
-    return qs.prefetch_related(Prefetch("attempts", queryset=ExecutionAttempt.objects.order_by("attempt")))
+def _with_attempts(qs: QuerySet[ScheduledPayment], *, user) -> QuerySet[ScheduledPayment]:
+    """The payments with their attempts: on someone else's payment, only for staff who
+    may read attempts too (``payments.view_executionattempt``, as the admin's inline)."""
+    attempts = ExecutionAttempt.objects.order_by("attempt")
+    if staff_may_view(user, ScheduledPayment) and not staff_may_view(user, ExecutionAttempt):
+        attempts = attempts.filter(Q(payment__payer=user) | Q(payment__from_account__owner=user))
+    return qs.prefetch_related(Prefetch("attempts", queryset=attempts))
 
 
 def payment_get(*, user, payment_id: str) -> ScheduledPayment:
     """One payment with its attempts; PaymentNotFound when it is not the user's to see
     (not 403: existence is not revealed)."""
-    payment = _with_attempts(payment_visible_to(user=user)).filter(pk=payment_id).first()
+    payment = _with_attempts(payment_visible_to(user=user), user=user).filter(pk=payment_id).first()
     if payment is None:
         raise PaymentNotFound()
     return payment
 
 
 def payment_list(*, user, status: str | None = None) -> QuerySet[ScheduledPayment]:
-    """The payments ``user`` may see (staff: all), with attempts, optionally in one status.
+    """The payments ``user`` may see, with attempts, optionally in one status.
     Unordered: the caller orders and paginates."""
-    qs = _with_attempts(payment_visible_to(user=user))
+    qs = _with_attempts(payment_visible_to(user=user), user=user)
     return qs.filter(status=status) if status else qs
 
 
 def payment_list_for_account(*, user, account_id: str, status: str | None = None) -> QuerySet[ScheduledPayment]:
     """The payments ``user`` may see that debit or credit ``account_id``. For an owner
     that is what the account pays out (incoming payments belong to their payers until
-    they execute and show up as transfers); staff see both directions."""
+    they execute and show up as transfers); staff who read every payment see both
+    directions."""
     qs = payment_list(user=user, status=status)
     return qs.filter(Q(from_account_id=account_id) | Q(to_account_id=account_id))
 
 
-def _authorize_write(*, user, rows: QuerySet, pk: str, permission: str, forbidden: Exception, missing: Exception):
-    """The one write rule: the payer or the owner of the debited account may; staff, who
-    read everything, only with ``permission`` (else ``forbidden``, 403); anyone else gets
-    ``missing`` (404: existence is not revealed)."""
-    if _own(rows, user).filter(pk=pk).exists():
+@dataclass(frozen=True)
+class Act:
+    """An act on a payment or a recurring payment through the API: the permission staff
+    need to do it to someone else's (the one the admin asks for), the 403 they get
+    without it, and whether the payer (or the owner of the debited account) may do it
+    to their own."""
+
+    permission: str
+    forbidden: Callable[[], Exception]
+    owner_may: bool = True
+
+
+def _authorize_act(*, user, visible: QuerySet, pk: str, act: Act, missing: Exception) -> None:
+    """The one rule for acting on a row (common/authz.py): its payer or the owner of the
+    debited account may (when ``act.owner_may``); on a row the user may read, staff
+    with ``act.permission`` may, anyone else gets ``act.forbidden()`` (403); a row the
+    user may not read is ``missing`` (404: existence is not revealed)."""
+    if act.owner_may and _own(visible, user).filter(pk=pk).exists():
         return
-    if user.is_staff and rows.filter(pk=pk).exists():
-        if user.has_perm(permission):
-            return
-        raise forbidden
-    raise missing
+    if not visible.filter(pk=pk).exists():
+        raise missing
+    if not staff_may(user, act.permission):
+        raise act.forbidden()
 
 
-def payment_authorize_cancel(*, user, payment_id: str) -> None:
-    """Raise unless ``user`` may cancel the payment (staff: ``payments.cancel_scheduledpayment``)."""
-    _authorize_write(
-        user=user, rows=ScheduledPayment.objects.all(), pk=payment_id,
-        permission="payments.cancel_scheduledpayment", forbidden=PaymentCancelForbidden(), missing=PaymentNotFound(),
+PAYMENT_ACTS = {
+    "cancel": Act("payments.cancel_scheduledpayment", PaymentCancelForbidden),  # the support group has it
+    # Cancelling is not changing: no staff group may change amounts or times.
+    "change": Act(
+        "payments.change_scheduledpayment", lambda: StaffActionForbidden("You may read this payment but not change it.")
+    ),
+    # Re-drive and resolve move money again or close a payment: a staff decision, not its creator's.
+    "review": Act("payments.redrive_scheduledpayment", PaymentReviewForbidden, owner_may=False),
+}
+
+
+def payment_authorize(*, user, payment_id: str, act: str) -> None:
+    """Raise unless ``user`` may ``act`` (a key of PAYMENT_ACTS) on the payment."""
+    _authorize_act(
+        user=user, visible=payment_visible_to(user=user), pk=payment_id, act=PAYMENT_ACTS[act],
+        missing=PaymentNotFound(),
     )
 
 
-def payment_authorize_review(*, user, payment_id: str) -> None:
-    """Raise unless ``user`` may re-drive or resolve the payment: staff with
-    ``payments.redrive_scheduledpayment`` (it moves money again, so not its creator);
-    the creator gets 403, anyone else 404."""
-    rows = ScheduledPayment.objects.all()
-    if user.is_staff and rows.filter(pk=payment_id).exists():
-        if user.has_perm("payments.redrive_scheduledpayment"):
-            return
-        raise PaymentReviewForbidden()
-    if _own(rows, user).filter(pk=payment_id).exists():
-        raise PaymentReviewForbidden()
-    raise PaymentNotFound()
-
-
-def payment_authorize_update(*, user, payment_id: str) -> None:
-    """Raise unless ``user`` may change the payment's amount or time. Cancelling is not
-    changing: staff need ``payments.change_scheduledpayment`` (no staff group has it)."""
-    _authorize_write(
-        user=user, rows=ScheduledPayment.objects.all(), pk=payment_id,
-        permission="payments.change_scheduledpayment",
-        forbidden=StaffActionForbidden("You may read this payment but not change it."), missing=PaymentNotFound(),
-    )
+def payment_is_own(*, user, payment_id: str) -> bool:
+    """Whether ``user`` created the payment or owns the account it debits: acting on it is
+    then their own business, not a staff act (which needs an author and a reason)."""
+    return _own(ScheduledPayment.objects.all(), user).filter(pk=payment_id).exists()
 
 
 # --- Recurring payments ----------------------------------------------------------------
 
-# What staff need to act on someone else's recurring payment through the API.
-RECURRING_PERMISSIONS = {
-    "pause": ("payments.pause_recurringpayment", "pause or resume"),  # the support group has it
-    "end": ("payments.delete_recurringpayment", "end"),
-    "change": ("payments.change_recurringpayment", "change"),
+
+def _recurring_act(permission: str, verb: str) -> Act:
+    return Act(permission, lambda: StaffActionForbidden(f"You may read this recurring payment but not {verb} it."))
+
+
+RECURRING_ACTS = {
+    "pause": _recurring_act("payments.pause_recurringpayment", "pause or resume"),  # the support group has it
+    "end": _recurring_act("payments.delete_recurringpayment", "end"),
+    "change": _recurring_act("payments.change_recurringpayment", "change"),
 }
 
 
 def recurring_visible_to(*, user) -> QuerySet[RecurringPayment]:
     """Recurring payments a user may read: those they created or that debit an account
-    they own. Staff see every one."""
+    they own; every one for staff with ``payments.view_recurringpayment``."""
     qs = RecurringPayment.objects.all()
-    return qs if user.is_staff else _own(qs, user)
+    return qs if staff_may_view(user, RecurringPayment) else _own(qs, user)
 
 
 def recurring_get(*, user, recurring_id: str) -> RecurringPayment:
@@ -160,19 +175,17 @@ def recurring_list(*, user, status: str | None = None) -> QuerySet[RecurringPaym
     return qs.filter(status=status) if status else qs
 
 
-def recurring_occurrences(*, recurring_id: str) -> QuerySet[ScheduledPayment]:
-    """The payments a recurring payment generated (cancelled ones included). Unordered."""
-    return ScheduledPayment.objects.filter(recurring_id=recurring_id)
+def recurring_occurrences(*, user, recurring_id: str) -> QuerySet[ScheduledPayment]:
+    """The payments a recurring payment generated (cancelled ones included) that ``user``
+    may read: all of a series of their own; of someone else's, only for staff who may
+    read payments. Unordered."""
+    return payment_visible_to(user=user).filter(recurring_id=recurring_id)
 
 
 def recurring_authorize(*, user, recurring_id: str, action: str) -> None:
-    """Raise unless ``user`` may ``action`` (a key of RECURRING_PERMISSIONS) the recurring
-    payment: its payer or the owner of the debited account may; staff with the action's
-    permission may; other staff get 403, anyone else 404."""
-    permission, verb = RECURRING_PERMISSIONS[action]
-    _authorize_write(
-        user=user, rows=RecurringPayment.objects.all(), pk=recurring_id, permission=permission,
-        forbidden=StaffActionForbidden(f"You may read this recurring payment but not {verb} it."),
+    """Raise unless ``user`` may ``action`` (a key of RECURRING_ACTS) the recurring payment."""
+    _authorize_act(
+        user=user, visible=recurring_visible_to(user=user), pk=recurring_id, act=RECURRING_ACTS[action],
         missing=RecurringNotFound(),
     )
 

@@ -7,37 +7,55 @@ taken with SKIP LOCKED (concurrent promoters share the work) and a partial uniqu
 index on (recurring, occurrence_at) so a retried or duplicated generation can never
 create an occurrence twice. Every transition of the schedule itself is a CAS on its
 status and version.
+
+History is kept. An occurrence cancelled on its own (``DELETE /payments/{id}``, the
+admin) keeps its slot in that index, so no later generation, change or resume creates
+it again. The series cancels occurrences itself only when it is paused or ended, and,
+when its terms change, only those not yet due (``cancelled_by_series``: their slots are
+free to be generated again); one that is due but not yet claimed runs as it is, and
+the series' event says so.
 """
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from . import sql
+from . import limits, metrics, sql
 from .exceptions import (
-    PaymentNotCancellable,
     PaymentValidationError,
     RecurringNotFound,
     RecurringStateError,
     VersionMismatch,
 )
-from .models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
-from .rules import Rule, RuleError, next_occurrence, nth_occurrence, occurrences_between, shortest_interval_seconds
-from .services import _check_amount, actor_label, check_accounts, create_payment_row, db_now, payment_cancel
+from .models import PaymentEvent, PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
+from .rules import Rule, RuleError, check_rule, check_start, next_occurrence, nth_occurrence, occurrences_between
+from .services import _check_amount, actor_label, check_accounts, create_payment_row, db_now
 
 logger = logging.getLogger(__name__)
 
 SKIPPED_RECORD_LIMIT = 100
+# The promoter's tick generates due occurrences in transactions of at most this many
+# series, each series in a savepoint of its own, and waits at most this long for any
+# row lock: a series that cannot be generated now (a lock held elsewhere, a deadlock,
+# bad data) is rolled back alone, logged, counted and tried again next tick.
+GENERATION_BATCH = 50
+GENERATION_LOCK_TIMEOUT = "250ms"
 
 
 def rule_of(rec: RecurringPayment) -> Rule:
+    return _rule(rec.start_at, rec.interval, rec.cron, rec.timezone, rec.last_at)
+
+
+def _rule(start_at: datetime, interval: str, cron: str, timezone: str, end_at: datetime | None) -> Rule:
     return Rule(
-        start_at=rec.start_at, interval=rec.interval, cron=rec.cron, timezone=rec.timezone, end_at=rec.last_at
+        start_at=start_at, interval=interval, cron=cron, timezone=timezone, end_at=end_at,
+        min_gap=settings.DELAYPAY_MIN_RECURRING_INTERVAL,
     )
 
 
@@ -55,28 +73,29 @@ class Terms:
 
 
 def _validated(terms: Terms, errors: dict[str, list[str]]) -> datetime | None:
-    """Check the terms; return the series' last instant (from end_at and count)."""
+    """Check the terms; return the series' last instant (from end_at and count). A
+    constant amount of rule work whatever the input (payments/rules.py, "Bounded")."""
     _check_amount(terms.amount, errors)
     if bool(terms.interval) == bool(terms.cron):
         errors.setdefault("interval", []).append("Give exactly one of interval and cron.")
         return None
-    if terms.start_at.tzinfo is None:
-        errors.setdefault("start_at", []).append("Must carry an explicit UTC offset.")
-        return None
-    if terms.end_at is not None and terms.end_at <= terms.start_at:
-        errors.setdefault("end_at", []).append("Must be after start_at.")
+    try:
+        check_start(terms.start_at)
+    except RuleError as exc:
+        errors.setdefault(exc.field, []).append(str(exc))
+        if terms.start_at.tzinfo is None:
+            return None
     if db_now() + timedelta(days=settings.DELAYPAY_MAX_SCHEDULE_DAYS) < terms.start_at:
         errors.setdefault("start_at", []).append(
             f"Must be at most {settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead."
         )
-    rule = Rule(terms.start_at, terms.interval, terms.cron, terms.timezone, terms.end_at)
+    if "start_at" in errors:
+        return None
+    if terms.end_at is not None and terms.end_at <= terms.start_at:
+        errors.setdefault("end_at", []).append("Must be after start_at.")
+    rule = _rule(terms.start_at, terms.interval, terms.cron, terms.timezone, terms.end_at)
     try:
-        rule.zone  # noqa: B018 - validates the time zone name
-        shortest = shortest_interval_seconds(rule)
-        if shortest < settings.DELAYPAY_MIN_RECURRING_INTERVAL:
-            errors.setdefault("interval" if terms.interval else "cron", []).append(
-                f"Occurrences must be at least {settings.DELAYPAY_MIN_RECURRING_INTERVAL} seconds apart."
-            )
+        check_rule(rule, min_interval=settings.DELAYPAY_MIN_RECURRING_INTERVAL)
         last_at = terms.end_at
         if terms.count is not None:
             counted = nth_occurrence(rule, terms.count)
@@ -99,7 +118,8 @@ def _record(rec_id: str, kind: str, actor, data: dict | None = None, actor_name:
 
 def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPayment | None:
     """Create the occurrence at ``occurrence_at`` and move the schedule past it. The
-    caller holds the schedule's row lock inside a transaction."""
+    caller holds the schedule's row lock inside a transaction. None when that slot is
+    taken already: generated before, or cancelled on its own (it stays cancelled)."""
     payment = None
     try:
         with transaction.atomic():
@@ -139,28 +159,62 @@ def _pending(rec_id: str):
     return ScheduledPayment.objects.filter(recurring_id=rec_id, status=PaymentStatus.SCHEDULED)
 
 
-def _cancel_pending(rec_id: str, actor) -> list[str]:
-    """Cancel the occurrences still SCHEDULED; one already claimed runs as usual."""
-    cancelled = []
-    for payment_id in _pending(rec_id).values_list("id", flat=True):
-        try:
-            payment_cancel(payment_id=payment_id, actor=actor)
-            cancelled.append(payment_id)
-        except PaymentNotCancellable:
-            pass
+def _cancel_by_series(rec_id: str, actor, *, reason: str, not_yet_due_only: bool) -> list[str]:
+    """Cancel the series' occurrences still SCHEDULED (only those not yet due when
+    ``not_yet_due_only``), marked ``cancelled_by_series`` so that their slots stay free;
+    each a CAS that a claim may win, and then that occurrence runs as usual. Returns
+    their ids, earliest occurrence first."""
+    with connection.cursor() as cur:
+        cur.execute(sql.CANCEL_SERIES_OCCURRENCES, {"recurring": rec_id, "not_yet_due_only": not_yet_due_only})
+        cancelled = [row[0] for row in sorted(cur.fetchall(), key=lambda row: (row[1], row[0]))]
+    PaymentEvent.objects.bulk_create(
+        PaymentEvent(
+            payment_id=payment_id,
+            kind=PaymentEvent.Kind.CANCELLED,
+            from_status=PaymentStatus.SCHEDULED,
+            to_status=PaymentStatus.CANCELLED,
+            actor=actor_label(actor),
+            actor_user=actor,
+            data={"by_series": reason, "recurring_id": rec_id},
+        )
+        for payment_id in cancelled
+    )
     return cancelled
 
 
-def _start_from_now(rec: RecurringPayment, actor) -> ScheduledPayment | None:
-    """Generate the first occurrence after the database's now(), or end the series."""
+@dataclass(frozen=True)
+class Start:
+    """What starting a series from now did: the occurrence it generated, or the one
+    already holding that slot (cancelled on its own, it stays cancelled)."""
+
+    payment: ScheduledPayment | None = None
+    kept: ScheduledPayment | None = None
+
+    def record(self) -> dict:
+        data = {"next_payment_id": self.payment.id if self.payment else None}
+        if self.kept is not None and self.kept.status == PaymentStatus.CANCELLED:
+            data["kept_cancelled"] = [
+                {"payment_id": self.kept.id, "occurrence_at": self.kept.occurrence_at.isoformat()}
+            ]
+        return data
+
+
+def _start_from_now(rec: RecurringPayment, actor) -> Start:
+    """Generate the first occurrence after the database's now(), or end the series. An
+    occurrence cancelled on its own in that slot stays cancelled: the series moves on
+    and the tick generates the one after it when it falls due."""
     first = next_occurrence(rule_of(rec), after=db_now())
     if first is None:
         RecurringPayment.objects.filter(pk=rec.pk).update(
             status=RecurringStatus.ENDED, next_occurrence_at=None, updated_at=Now()
         )
         _record(rec.id, RecurringEvent.Kind.ENDED, actor, {"reason": "no occurrence left"})
-        return None
-    return _generate(rec, first)
+        return Start()
+    payment = _generate(rec, first)
+    if payment is not None:
+        return Start(payment=payment)
+    holder = ScheduledPayment.objects.filter(recurring_id=rec.id, occurrence_at=first, cancelled_by_series=False)
+    return Start(kept=holder.first())
 
 
 def recurring_create(
@@ -183,10 +237,11 @@ def recurring_create(
     with transaction.atomic():
         check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
         last_at = _validated(terms, errors)
-        if not errors and next_occurrence(Rule(start_at, interval, cron, timezone, last_at), after=db_now()) is None:
+        if not errors and next_occurrence(_rule(start_at, interval, cron, timezone, last_at), after=db_now()) is None:
             errors.setdefault("end_at" if end_at else "count", []).append("The series has no occurrence left.")
         if errors:
             raise PaymentValidationError(errors)
+        limits.admit_series(payer=payer, to_account_id=to_account_id, terms=terms, last_at=last_at)
         rec = RecurringPayment.objects.create(
             payer=payer,
             from_account_id=from_account_id,
@@ -207,7 +262,9 @@ def recurring_create(
 
 
 def _locked(rec_id: str) -> RecurringPayment:
-    rec = RecurringPayment.objects.select_for_update().filter(pk=rec_id).first()
+    # NO KEY: the id never changes, so inserting occurrences and events that refer to
+    # the series (KEY SHARE) never waits on this lock.
+    rec = RecurringPayment.objects.select_for_update(no_key=True).filter(pk=rec_id).first()
     if rec is None:
         raise RecurringNotFound()
     return rec
@@ -230,8 +287,9 @@ def _transition(rec: RecurringPayment, to: str, **changes) -> None:
 
 
 def recurring_pause(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
-    """ACTIVE -> PAUSED: no new occurrences; the pending one is cancelled. Pausing a
-    paused schedule is a no-op."""
+    """ACTIVE -> PAUSED: no new occurrences; the pending one is cancelled (by the
+    series: a resume before it is due generates it again). Pausing a paused schedule
+    is a no-op."""
     with transaction.atomic():
         rec = _locked(recurring_id)
         if rec.status == RecurringStatus.PAUSED:
@@ -240,7 +298,7 @@ def recurring_pause(*, recurring_id: str, actor, expected_version: int | None = 
             raise RecurringStateError(rec.status)
         _check_version(rec, expected_version)
         _transition(rec, RecurringStatus.PAUSED)
-        cancelled = _cancel_pending(rec.id, actor)
+        cancelled = _cancel_by_series(rec.id, actor, reason="paused", not_yet_due_only=False)
         _record(rec.id, RecurringEvent.Kind.PAUSED, actor, {"cancelled": cancelled})
     return RecurringPayment.objects.get(pk=recurring_id)
 
@@ -270,7 +328,8 @@ def _missed_after(rec: RecurringPayment) -> datetime:
 
 def recurring_resume(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
     """PAUSED -> ACTIVE: the next occurrence is the first one after now; the ones missed
-    while paused are skipped (recorded on the event), not paid in a burst."""
+    while paused are skipped (recorded on the event), not paid in a burst. Cancels
+    nothing; an occurrence cancelled on its own stays cancelled (``kept_cancelled``)."""
     with transaction.atomic():
         rec = _locked(recurring_id)
         if rec.status == RecurringStatus.ACTIVE:
@@ -283,7 +342,7 @@ def recurring_resume(*, recurring_id: str, actor, expected_version: int | None =
         )
         _transition(rec, RecurringStatus.ACTIVE)
         rec.refresh_from_db()
-        payment = _start_from_now(rec, actor)
+        start = _start_from_now(rec, actor)
         _record(
             rec.id,
             RecurringEvent.Kind.RESUMED,
@@ -291,7 +350,7 @@ def recurring_resume(*, recurring_id: str, actor, expected_version: int | None =
             {
                 "skipped": [m.isoformat() for m in skipped],
                 "skipped_truncated": len(skipped) >= SKIPPED_RECORD_LIMIT,
-                "next_payment_id": payment.id if payment else None,
+                **start.record(),
             },
         )
     return RecurringPayment.objects.get(pk=recurring_id)
@@ -304,7 +363,7 @@ def recurring_end(*, recurring_id: str, actor, expected_version: int | None = No
         if rec.status == RecurringStatus.ENDED and not _pending(rec.id).exists():
             return rec
         _check_version(rec, expected_version)
-        cancelled = _cancel_pending(rec.id, actor)
+        cancelled = _cancel_by_series(rec.id, actor, reason="ended", not_yet_due_only=False)
         if rec.status != RecurringStatus.ENDED:
             _transition(rec, RecurringStatus.ENDED, next_occurrence_at=None)
             _record(rec.id, RecurringEvent.Kind.ENDED, actor, {"reason": "ended by user", "cancelled": cancelled})
@@ -318,8 +377,10 @@ def recurring_update(
     expected_version: int | None = None,
     **changes,
 ) -> RecurringPayment:
-    """Change the amount and/or the schedule for future occurrences. The pending
-    occurrence is replaced by the first occurrence after now under the new terms."""
+    """Change the amount and/or the schedule for future occurrences. A pending
+    occurrence not yet due is replaced by the first occurrence after now under the new
+    terms; one already due (not yet claimed) runs as it is (``left_to_run`` on the
+    event), and one cancelled on its own stays cancelled (``kept_cancelled``)."""
     allowed = {"amount", "start_at", "interval", "cron", "timezone", "end_at", "count"}
     unknown = set(changes) - allowed
     if unknown:
@@ -340,18 +401,21 @@ def recurring_update(
         last_at = _validated(Terms(**merged), errors)
         if errors:
             raise PaymentValidationError(errors)
+        limits.admit_series(payer=rec.payer, to_account_id=rec.to_account_id, terms=Terms(**merged), last_at=last_at,
+                            replacing=rec.id)
         old = {f: _jsonable(getattr(rec, f)) for f in allowed}
         _transition(rec, rec.status, last_at=last_at, **merged)
         rec.refresh_from_db()
-        cancelled = _cancel_pending(rec.id, actor)
+        cancelled = _cancel_by_series(rec.id, actor, reason="updated", not_yet_due_only=True)
+        left_to_run = list(_pending(rec.id).order_by("occurrence_at", "id").values_list("id", flat=True))
         # A paused schedule gets its next occurrence when it is resumed.
-        payment = _start_from_now(rec, actor) if rec.status == RecurringStatus.ACTIVE else None
+        start = _start_from_now(rec, actor) if rec.status == RecurringStatus.ACTIVE else Start()
         _record(
             rec.id,
             RecurringEvent.Kind.UPDATED,
             actor,
             {"old": old, "new": {f: _jsonable(v) for f, v in merged.items()}, "cancelled": cancelled,
-             "next_payment_id": payment.id if payment else None},
+             "left_to_run": left_to_run, **start.record()},
         )
     return RecurringPayment.objects.get(pk=recurring_id)
 
@@ -360,25 +424,81 @@ def _jsonable(value):
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-def recurring_generate_due(*, limit: int = 500) -> int:
-    """Generate the next occurrence of every active schedule whose previous occurrence
-    is due. Safe to run concurrently and repeatedly. Returns how many were created.
+# --- the promoter's tick ---------------------------------------------------------------------
 
-    Each schedule is generated in its own savepoint: one that fails (bad data, a bug)
-    is logged and left as it was, and neither the others nor the promoter's claim that
-    follows in the same tick are held up by it."""
+
+def recurring_generate_due(
+    *, limit: int = 500, batch: int = GENERATION_BATCH, budget_seconds: float | None = None
+) -> int:
+    """Generate the next occurrence of every active schedule whose previous occurrence
+    is due: at most ``limit`` schedules, one occurrence each, and no new schedule once
+    ``budget_seconds`` (DELAYPAY_PROMOTER_BUDGET_SECONDS) are spent; the rest wait for
+    the next tick. Safe to run concurrently and repeatedly, and never raises. Returns how
+    many occurrences were created.
+
+    Bounded transactions: batches of at most ``batch`` schedules, locked FOR NO KEY
+    UPDATE SKIP LOCKED (a schedule locked elsewhere waits for the next tick), with a
+    lock timeout; each schedule in a savepoint of its own. A schedule that fails (a
+    lock timeout, a deadlock, bad data, a bug) is rolled back alone, logged without
+    its data, counted in ``delaypay_recurring_generation_failures_total`` and tried
+    again next tick; neither the other schedules nor the promoter's claim that follows
+    in the same tick are held up by it."""
+    budget = settings.DELAYPAY_PROMOTER_BUDGET_SECONDS if budget_seconds is None else budget_seconds
+    deadline = time.monotonic() + budget
     created = 0
-    with transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute(sql.RECURRING_DUE, [limit])
-            ids = [row[0] for row in cur.fetchall()]
-        for rec in RecurringPayment.objects.filter(pk__in=ids).select_related("payer").order_by("next_occurrence_at"):
-            try:
-                with transaction.atomic():
-                    if _generate(rec, rec.next_occurrence_at) is not None:
-                        created += 1
-            except (OperationalError, InterfaceError):
-                raise  # the connection is at fault, not this schedule
-            except Exception:
-                logger.exception("recurring occurrence not generated", extra={"recurring_id": rec.id})
+    seen: list[str] = []
+    while len(seen) < limit and time.monotonic() < deadline:
+        made = 0
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cur:
+                    cur.execute(sql.SET_LOCAL_LOCK_TIMEOUT, [GENERATION_LOCK_TIMEOUT])
+                    cur.execute(sql.CONSTRAINTS_IMMEDIATE)
+                    cur.execute(sql.RECURRING_DUE, {"batch": min(batch, limit - len(seen)), "seen": seen})
+                    ids = [row[0] for row in cur.fetchall()]
+                if not ids:
+                    break
+                seen += ids
+                due = RecurringPayment.objects.filter(pk__in=ids).select_related("payer").order_by("next_occurrence_at")
+                for rec in due:
+                    if time.monotonic() >= deadline:
+                        break  # left as they are: the next tick generates them
+                    try:
+                        with transaction.atomic():
+                            if _generate(rec, rec.next_occurrence_at) is not None:
+                                made += 1
+                    except Exception as exc:
+                        if not connection.is_usable():
+                            raise  # the connection is gone: the batch fails as a whole, below
+                        _generation_failed(rec.id, exc)
+        except Exception as exc:
+            # The batch itself failed (its query, its commit, the connection): nothing of
+            # it is kept; its schedules are tried again next tick, the claim goes ahead.
+            _generation_failed(None, exc)
+            if not connection.in_atomic_block and connection.connection is not None and not connection.is_usable():
+                connection.close()  # the claim that follows reconnects
+            break
+        created += made
     return created
+
+
+def _generation_failed(recurring_id: str | None, exc: Exception) -> None:
+    """Log (the schedule, the kind of failure, never the row's data) and count it."""
+    reason = _failure_reason(exc)
+    metrics.record_recurring_generation_failure(reason)
+    extra = {"recurring_id": recurring_id, "reason": reason, "error": type(exc).__name__,
+             "sqlstate": getattr(exc.__cause__, "sqlstate", None)}
+    # A database error's text may quote the row; its class and SQLSTATE say enough.
+    logger.warning("recurring occurrence not generated", extra=extra,
+                   exc_info=not isinstance(exc, DatabaseError | RuleError))
+
+
+_SQLSTATE_REASONS = {"55P03": "lock_timeout", "40P01": "deadlock", "40001": "serialization", "57014": "timeout"}
+
+
+def _failure_reason(exc: Exception) -> str:
+    if isinstance(exc, RuleError):
+        return "rule"
+    if isinstance(exc, DatabaseError):
+        return _SQLSTATE_REASONS.get(getattr(exc.__cause__, "sqlstate", None), "database")
+    return "error"

@@ -9,9 +9,10 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from ledger.models import Account
+from ledger.models import Account, StaffAction
+from ledger.services import clean_reason, staff_action_record
 
-from . import sql
+from . import limits, sql
 from .exceptions import (
     PaymentNotCancellable,
     PaymentNotEditable,
@@ -134,7 +135,9 @@ def payment_schedule(
 
     Raises PaymentValidationError (with per-field messages) for rules that need the
     database: account ownership and state, and ``execute_at`` against the database
-    clock. Runs in the caller's transaction when there is one (an idempotency key).
+    clock; then SystemAccountPayee for a system payee and a limit error when a per-user
+    limit would be passed (payments/limits.py). Runs in the caller's transaction when
+    there is one (an idempotency key).
     """
     errors: dict[str, list[str]] = {}
     _check_amount(amount, errors)
@@ -147,6 +150,11 @@ def payment_schedule(
         _check_execute_at(execute_at, errors)
         if errors:
             raise PaymentValidationError(errors)
+        # No system payee, and the per-user limits, under a per-payer lock held to commit.
+        limits.admit_payment(
+            payer=payer, to_account_id=to_account_id, amount=amount, execute_at=execute_at,
+            jitter_seconds=jitter_seconds or 0,
+        )
         payment = create_payment_row(
             payer=payer,
             from_account_id=from_account_id,
@@ -196,6 +204,10 @@ def payment_update(
             new_execute_at = (
                 with_jitter(execute_at, current.jitter_seconds) if execute_at is not None else current.execute_at
             )
+            # The daily limit on the day it would fall on; a payment the CAS below will not
+            # change (claimed, finished, another version) gets that answer, not this one.
+            if current.status == PaymentStatus.SCHEDULED and expected_version in (None, current.version):
+                limits.admit_change(payment=current, amount=new_amount, execute_at=new_execute_at)
             with connection.cursor() as cur:
                 cur.execute(
                     sql.UPDATE_SCHEDULED,
@@ -239,20 +251,40 @@ class CancelOutcome:
     cancelled_now: bool  # False: an earlier cancel had already done it
 
 
-def payment_cancel(*, payment_id: str, actor) -> ScheduledPayment:
+def _check_version(payment_id: str, expected_version: int | None, *, statuses: list[str]) -> None:
+    """If-Match on a state change: a payment the change would apply to (one in
+    ``statuses``) must be at ``expected_version``, else VersionMismatch. The row lock is
+    held to the end of the caller's transaction, so the CAS that follows sees that
+    version. A payment the change no longer applies to is the caller's to classify: a
+    retry of a change that took effect answers 200 whatever version it names, a wrong
+    status its 409."""
+    if expected_version is None:
+        return
+    current = (
+        ScheduledPayment.objects.select_for_update(no_key=True)
+        .filter(pk=payment_id, status__in=statuses)
+        .values_list("version", flat=True)
+        .first()
+    )
+    if current is not None and current != expected_version:
+        raise VersionMismatch(current)
+
+
+def payment_cancel(*, payment_id: str, actor, expected_version: int | None = None) -> ScheduledPayment:
     """Cancel a SCHEDULED (or NEEDS_REVIEW) payment: a CAS that races the claim on the
-    same precondition.
+    same precondition. ``expected_version`` (from If-Match) makes it optimistic.
 
     A repeated cancel returns the cancelled payment; a payment already claimed or
     finished raises PaymentNotCancellable carrying its status.
     """
-    return payment_cancel_outcome(payment_id=payment_id, actor=actor).payment
+    return payment_cancel_outcome(payment_id=payment_id, actor=actor, expected_version=expected_version).payment
 
 
-def payment_cancel_outcome(*, payment_id: str, actor) -> CancelOutcome:
+def payment_cancel_outcome(*, payment_id: str, actor, expected_version: int | None = None) -> CancelOutcome:
     """``payment_cancel`` that also says whether this call won the CAS (the admin
     reports "cancelled" and "already cancelled" apart)."""
     with transaction.atomic(), connection.cursor() as cur:
+        _check_version(payment_id, expected_version, statuses=[PaymentStatus.SCHEDULED, PaymentStatus.NEEDS_REVIEW])
         cur.execute(sql.CANCEL_PENDING, [payment_id])
         row = cur.fetchone()
         if row is not None:
@@ -271,6 +303,23 @@ def payment_cancel_outcome(*, payment_id: str, actor) -> CancelOutcome:
     if payment.status != PaymentStatus.CANCELLED:
         raise PaymentNotCancellable(payment.status)
     return CancelOutcome(payment, cancelled_now=row is not None)
+
+
+def payment_cancel_by_staff(
+    *, payment_id: str, actor, reason: str, expected_version: int | None = None
+) -> CancelOutcome:
+    """A staff member cancels a payment (the admin's Cancel, or the API on someone else's
+    payment): ``payment_cancel_outcome`` and a ``payment_cancel`` staff action with the
+    author and ``reason``, in one transaction. The reason is required (ReasonRequired)."""
+    reason = clean_reason(reason)
+    with transaction.atomic():
+        outcome = payment_cancel_outcome(payment_id=payment_id, actor=actor, expected_version=expected_version)
+        if outcome.cancelled_now:
+            staff_action_record(
+                actor=actor, action=StaffAction.Kind.PAYMENT_CANCEL, reason=reason,
+                account_id=outcome.payment.from_account_id, payment_id=payment_id, amount=outcome.payment.amount,
+            )
+    return outcome
 
 
 MAX_REVIEW_REASON = 500
@@ -294,7 +343,9 @@ class ReviewOutcome:
     changed_now: bool  # False: an earlier identical call had already done it
 
 
-def payment_redrive(*, payment_id: str, actor, reason: str, execute_at: datetime | None = None) -> ReviewOutcome:
+def payment_redrive(
+    *, payment_id: str, actor, reason: str, execute_at: datetime | None = None, expected_version: int | None = None
+) -> ReviewOutcome:
     """Send a NEEDS_REVIEW payment through again: back to SCHEDULED with a fresh retry
     budget, due at once or at ``execute_at``. A CAS on NEEDS_REVIEW, audited with the
     staff actor and reason. Repeating it after it succeeded changes nothing and answers
@@ -307,6 +358,7 @@ def payment_redrive(*, payment_id: str, actor, reason: str, execute_at: datetime
     if errors:
         raise PaymentValidationError(errors)
     with transaction.atomic(), connection.cursor() as cur:
+        _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])
         cur.execute(sql.REDRIVE, {"id": payment_id, "next_attempt_at": execute_at})
         row = cur.fetchone()
         if row is not None:
@@ -326,7 +378,9 @@ def payment_redrive(*, payment_id: str, actor, reason: str, execute_at: datetime
     raise PaymentNotInReview(payment.status)
 
 
-def payment_resolve(*, payment_id: str, actor, outcome: str, reason: str) -> ReviewOutcome:
+def payment_resolve(
+    *, payment_id: str, actor, outcome: str, reason: str, expected_version: int | None = None
+) -> ReviewOutcome:
     """Close a NEEDS_REVIEW payment as FAILED(resolved_by_staff): nothing moves, the
     reason and the staff actor go into its failed event. Only ``outcome="failed"`` is
     offered: a payment whose money moved is never parked (the guard converges it to
@@ -338,6 +392,7 @@ def payment_resolve(*, payment_id: str, actor, outcome: str, reason: str) -> Rev
     if errors:
         raise PaymentValidationError(errors)
     with transaction.atomic(), connection.cursor() as cur:
+        _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])
         cur.execute(sql.RESOLVE_FAILED, {"id": payment_id})
         row = cur.fetchone()
         if row is not None:

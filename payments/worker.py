@@ -5,7 +5,10 @@ when it cannot publish (Redis down) and executes a claim in-process.
 """
 
 import logging
+import random
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError
 
@@ -21,15 +24,50 @@ outcome_logger = logging.getLogger("payments.outcomes")
 # Errors of the connection, not of a payment: the whole batch is retried, never bisected.
 TRANSIENT_ERRORS = (OperationalError, InterfaceError)
 
+# deadlock_detected and serialization_failure: PostgreSQL rolled the batch back so another
+# transaction could go on. Nothing was written; applying the batch again at once (the
+# fence is unchanged) is the whole remedy, without a trip through the broker and without
+# spending a try of the payments' budget on it.
+CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
+CONFLICT_RETRIES = 3
+
+T = TypeVar("T")
+
+
+def is_conflict(exc: BaseException) -> bool:
+    """A deadlock or serialization failure (Django wraps psycopg's error: the SQLSTATE is
+    on the cause)."""
+    cause = exc.__cause__ or exc
+    return getattr(cause, "sqlstate", None) in CONFLICT_SQLSTATES
+
+
+def retry_conflicts(apply: Callable[[], T], *, attempts: int = CONFLICT_RETRIES) -> T:
+    """Run ``apply`` (one transaction); when the database aborts it as a deadlock victim
+    or a serialization failure, run it again after a short jittered pause, at most
+    ``attempts`` times in all. Other errors, and the last conflict, propagate."""
+    for n in range(attempts):
+        try:
+            return apply()
+        except OperationalError as exc:
+            if not is_conflict(exc) or n == attempts - 1:
+                raise
+            metrics.record_conflict_retry()
+            logger.warning("batch hit a lock conflict; applying it again", extra={
+                "error": type(exc.__cause__ or exc).__name__, "retry": n + 1,
+            })
+            time.sleep(random.uniform(0, 0.02 * 2**n))
+    raise AssertionError("unreachable")
+
 
 def run_batch(pairs: list[Pair], *, worker: str | None = None) -> BatchResult:
     """Start a batch (one try each, committed first: the budget counts worker starts),
-    apply it (isolating a poison payment), timed, counted and logged: the one place a
-    batch is recorded. Transient database errors propagate (the task retries)."""
+    apply it (isolating a poison payment; a deadlock victim is applied again at once),
+    timed, counted and logged: the one place a batch is recorded. Other transient
+    database errors propagate (the task retries)."""
     worker = worker or execution.worker_name()
     started = time.perf_counter()
     execution.mark_started(pairs)
-    result = apply_with_isolation(pairs, worker=worker)
+    result = retry_conflicts(lambda: apply_with_isolation(pairs, worker=worker))
     seconds = time.perf_counter() - started
     metrics.record_batch(result, seconds=seconds)
     log_outcomes(result, pairs, worker=worker, seconds=seconds)

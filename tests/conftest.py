@@ -8,7 +8,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.management import call_command
 from django.test import Client
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from devtools.processes import Stack
@@ -71,19 +71,22 @@ def other_user(db):
 
 @pytest.fixture
 def staff_user(db):
-    """Staff with the one staff permission the API tests need: ``ledger.deposit_account``."""
+    """Staff who may deposit into any account: ``ledger.deposit_account``, and
+    ``ledger.view_account`` to reach someone else's account (common/authz.py)."""
     from django.contrib.auth.models import Permission
 
     user = UserFactory(is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="deposit_account", content_type__app_label="ledger"))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["deposit_account", "view_account"], content_type__app_label="ledger")
+    )
     return user
 
 
 def client_for(user) -> APIClient:
     client = APIClient()
     if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        _, key = AuthToken.objects.create(user)  # a new API token (knox), as POST /auth/token issues
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return client
 
 

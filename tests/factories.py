@@ -105,14 +105,17 @@ def claimed(*payments) -> list[tuple[str, int]]:
     return [pair for pair in claim.fresh + claim.reclaimed if pair[0] in wanted]
 
 
-def parked_payment(settings, *, source: Account, target: Account, amount: int = 1) -> ScheduledPayment:
+def parked_payment(
+    settings, *, source: Account, target: Account, amount: int = 1, seconds_ago: float = 1.0
+) -> ScheduledPayment:
     """A due payment whose retry budget is spent, parked in NEEDS_REVIEW by the executor
     (as tests/payments/test_services.py::parked_payment): ``settings`` is pytest-django's
-    fixture, DELAYPAY_MAX_ATTEMPTS becomes 1 and two worker starts are marked."""
+    fixture, DELAYPAY_MAX_ATTEMPTS becomes 1 and two worker starts are marked. Due
+    ``seconds_ago`` (on the test's clock; the claim judges on the database's)."""
     from payments import execution
 
     settings.DELAYPAY_MAX_ATTEMPTS = 1
-    payment = due_payment(source=source, target=target, amount=amount)
+    payment = due_payment(source=source, target=target, amount=amount, seconds_ago=seconds_ago)
     for _ in range(2):
         expire_lease(payment)
         (pair,) = claimed(payment)

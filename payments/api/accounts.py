@@ -5,9 +5,10 @@ from rest_framework import status
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
+from common.authz import staff_may
 from ledger.models import Account
-from ledger.selectors import account_visible_to, transfers_for_account
-from ledger.services import account_create, account_deposit, account_deposit_check
+from ledger.selectors import account_visible_to, transfer_list_for_account
+from ledger.services import account_create, account_deposit_check, deposit_submit
 from payments.exceptions import AccountNotFound
 from payments.selectors import payment_list_for_account
 
@@ -20,6 +21,8 @@ from .throttling import CreateThrottle
 
 
 def visible_account(request, account_id: str) -> Account:
+    """The account if the caller may read it (someone else's: staff with ledger.view_account,
+    for a deposit too), else AccountNotFound: existence is not revealed."""
     account = account_visible_to(user=request.user).select_related("owner").filter(pk=account_id).first()
     if account is None:
         raise AccountNotFound()
@@ -33,8 +36,7 @@ class CanDeposit(BasePermission):
     message = "Depositing needs the ledger.deposit_account permission."
 
     def has_permission(self, request, view):
-        user = request.user
-        return bool(user and user.is_staff and user.has_perm("ledger.deposit_account"))
+        return staff_may(request.user, "ledger.deposit_account")
 
 
 class AccountListCreateView(ApiView):
@@ -44,7 +46,7 @@ class AccountListCreateView(ApiView):
     @extend_schema(
         operation_id="accounts_list",
         tags=["accounts"],
-        summary="Your accounts, newest first (staff: every account)",
+        summary="Your accounts, newest first (staff with ledger.view_account: every account)",
         parameters=[s.PageQuerySerializer, WWW_AUTHENTICATE],
         responses={200: page_of(s.AccountSerializer, "AccountPage"), **errors(400, *READ)},
     )
@@ -73,7 +75,7 @@ class AccountDetailView(ApiView):
     @extend_schema(
         operation_id="accounts_retrieve",
         tags=["accounts"],
-        summary="One of your accounts (staff: any)",
+        summary="One of your accounts (staff with ledger.view_account: any)",
         parameters=[WWW_AUTHENTICATE],
         responses={200: s.AccountSerializer, **errors(*READ, 404)},
     )
@@ -90,10 +92,22 @@ class DepositView(ApiView):
         operation_id="accounts_deposits_create",
         tags=["accounts"],
         summary="Credit a user account from the issuance account (staff with ledger.deposit_account)",
+        description=(
+            "Money enters the system here, with your user and `reason` recorded in the same transaction (a "
+            "`deposit` staff action). At or below DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD units it is deposited at "
+            "once: 201 with the deposit. Above it nothing moves yet: 202 with a pending deposit request that "
+            "another staff member with ledger.approve_deposit approves (`POST /deposit-requests/{id}/approve`, "
+            "then the money moves) or rejects. Deposits into system accounts are 409 deposit_rejected before "
+            "the Idempotency-Key or the body is read; into a closed account, 409 deposit_rejected."
+        ),
         request=s.DepositCreateSerializer,
         parameters=[IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RETRY_AFTER, WWW_AUTHENTICATE],
         responses={
             201: OpenApiResponse(s.DepositSerializer, description="Deposited (or a replay of the first response)."),
+            202: OpenApiResponse(
+                s.DepositRequestSerializer,
+                description="Above the approval threshold: a pending deposit request (or a replay of it).",
+            ),
             **errors(*WRITE, 403, 404, 409, 429, e403="permission_denied: needs ledger.deposit_account."),
         },
     )
@@ -105,7 +119,13 @@ class DepositView(ApiView):
         def create():
             body = s.DepositCreateSerializer(data=request.data)
             body.is_valid(raise_exception=True)
-            deposit = account_deposit(account_id=account.id, amount=body.validated_data["amount"])
+            submission = deposit_submit(
+                account_id=account.id, actor=request.user, amount=body.validated_data["amount"],
+                reason=body.validated_data["reason"],
+            )
+            if submission.request is not None:
+                return 202, render(s.DepositRequestSerializer(submission.request).data)
+            deposit = submission.deposit
             data = {
                 "deposit_id": deposit.key,
                 "account_id": deposit.account_id,
@@ -144,5 +164,5 @@ class AccountTransferListView(ApiView):
     def get(self, request, account_id: str):
         s.PageQuerySerializer.parse(request)
         account = visible_account(request, account_id)
-        transfers = transfers_for_account(account_id=account.id)
+        transfers = transfer_list_for_account(user=request.user, account=account)
         return paginated_response(request, transfers, s.TransferSerializer, ordering=TRANSFER_ORDER)

@@ -7,15 +7,25 @@ domain raises exceptions with a stable ``code``; ``DOMAIN_STATUSES`` gives each 
 import logging
 import math
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from ledger.services import DepositRefused
+from ledger.services import (
+    DepositRefused,
+    DepositRequestNotFound,
+    DepositRequestNotPending,
+    ReasonRequired,
+    SelfApprovalForbidden,
+)
 from payments.exceptions import (
     AccountNotFound,
+    ActiveSeriesLimit,
+    DailyOutflowLimit,
     DomainError,
     IdempotencyKeyInUse,
     IdempotencyKeyReused,
@@ -24,12 +34,14 @@ from payments.exceptions import (
     PaymentNotFound,
     PaymentNotInReview,
     PaymentReviewForbidden,
+    PendingPaymentsLimit,
     RecurringNotFound,
     RecurringStateError,
     StaffActionForbidden,
     VersionMismatch,
 )
 
+from .authentication import LoginLockedOut
 from .parsers import PayloadTooLarge
 
 logger = logging.getLogger(__name__)
@@ -46,10 +58,14 @@ ERROR_CODES: dict[str, str] = {
     "method_not_allowed": "The path exists but not with this method (405).",
     "not_acceptable": "The Accept header excludes application/json (406).",
     "unsupported_media_type": "The body is not application/json (415).",
-    "payload_too_large": "The body is over 64 KiB (413).",
+    "payload_too_large": "The body is over 64 KiB (413), whether sent with a Content-Length or chunked.",
     "throttled": "Too many requests; `retry_after` and the Retry-After header say when to retry (429).",
+    "login_locked_out": "Too many failed logins for this username from this address at /auth/token (429); "
+    "`retry_after` and the Retry-After header say when to retry.",
     "idempotency_key_required": "POST without an Idempotency-Key header.",
     "idempotency_key_invalid": "The Idempotency-Key is not 1-255 printable ASCII characters.",
+    "idempotency_key_repeated": "More than one Idempotency-Key header (or a bare key with a comma, which is how "
+    "two headers arrive).",
     "idempotency_key_reused": "The Idempotency-Key was used before with a different request (409).",
     "idempotency_key_in_use": "A request with this Idempotency-Key is still running; retry (409).",
     "payment_not_cancellable": "The payment was already claimed or finished; `status` says which (409).",
@@ -58,7 +74,25 @@ ERROR_CODES: dict[str, str] = {
     "version_mismatch": "If-Match names a version other than the current one, given in `version` (412).",
     "recurring_not_editable": "The recurring payment has ENDED and can no longer change (409); `status` says so.",
     "deposit_rejected": "The ledger refused the deposit, e.g. the account is closed (409).",
-    "bad_request": "A request Django itself refused, e.g. an unknown Host header (400).",
+    "self_approval_forbidden": "You requested this deposit: another staff member must approve or reject it (403).",
+    "deposit_request_not_pending": "Approve of a rejected deposit request, or reject of an approved one; `status` "
+    "says which (409).",
+    "system_account": "The payee is a system account (the issuance account): payments go to user accounts only "
+    "(400).",
+    "limit_pending_payments": "You have DELAYPAY_MAX_PENDING_PAYMENTS_PER_USER pending one-off payments (409); "
+    "`limit` and `usage` say so. Cancel one or let one execute.",
+    "limit_active_series": "You have DELAYPAY_MAX_ACTIVE_SERIES_PER_USER active or paused recurring payments (409); "
+    "`limit` and `usage` say so. End one first.",
+    "limit_daily_outflow": "The change would put more than DELAYPAY_MAX_DAILY_OUTFLOW_PER_USER units due on one UTC "
+    "day (409): `usage` is already counted on `day`, `requested` what this adds, `limit` the cap.",
+    "bad_request": "A request Django or the HTTP server refused, e.g. an unknown Host header, a malformed "
+    "request line, a control character in a header, a bad chunk (400).",
+    # The HTTP server in front (gunicorn, delaypay/gunicorn_config.py) answers these itself,
+    # before Django sees the request.
+    "uri_too_long": "The request line (method, path and query) is over 4094 bytes (414, from the server).",
+    "header_too_large": "A header over 8190 bytes, or more than 100 headers (431, from the server).",
+    "expectation_failed": "An Expect header other than 100-continue (417, from the server).",
+    "not_implemented": "A Transfer-Encoding the server does not implement (501, from the server).",
     "server_error": "A bug on our side (500); the request may be retried with the same Idempotency-Key.",
 }
 
@@ -78,6 +112,14 @@ DOMAIN_STATUSES: list[tuple[type[Exception], int]] = [
     (IdempotencyKeyReused, status.HTTP_409_CONFLICT),
     (IdempotencyKeyInUse, status.HTTP_409_CONFLICT),
     (DepositRefused, status.HTTP_409_CONFLICT),
+    (SelfApprovalForbidden, status.HTTP_403_FORBIDDEN),
+    (DepositRequestNotFound, status.HTTP_404_NOT_FOUND),
+    (DepositRequestNotPending, status.HTTP_409_CONFLICT),
+    (ReasonRequired, status.HTTP_400_BAD_REQUEST),
+    # Per-user limits: the request is fine, the user's other payments leave no room now.
+    (PendingPaymentsLimit, status.HTTP_409_CONFLICT),
+    (ActiveSeriesLimit, status.HTTP_409_CONFLICT),
+    (DailyOutflowLimit, status.HTTP_409_CONFLICT),
     (VersionMismatch, status.HTTP_412_PRECONDITION_FAILED),
     # Everything else is the client's to fix: validation, a missing or malformed
     # Idempotency-Key, wrong credentials.
@@ -92,6 +134,7 @@ def domain_status(exc: Exception) -> int | None:
 
 _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
     (PayloadTooLarge, "payload_too_large"),
+    (LoginLockedOut, "login_locked_out"),  # before Throttled, its base
     (exceptions.NotAuthenticated, "not_authenticated"),
     (exceptions.AuthenticationFailed, "not_authenticated"),
     (exceptions.PermissionDenied, "permission_denied"),
@@ -129,6 +172,8 @@ def exception_handler(exc, context):
         return Response(error_body(exc.code, exc.detail, **getattr(exc, "extra", {})), status=http_status)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
+    if isinstance(exc, RequestDataTooBig):  # Django's own limit (DATA_UPLOAD_MAX_MEMORY_SIZE)
+        exc = PayloadTooLarge(settings.DELAYPAY_MAX_BODY_BYTES)
     if not isinstance(exc, exceptions.APIException):
         return None  # a real bug: Django's 500 handler answers (JSON, see server_error)
     set_rollback()
@@ -170,6 +215,9 @@ def not_found(request, exception=None):
 def bad_request(request, exception=None):
     if not _is_api(request):
         return defaults.bad_request(request, exception)
+    if isinstance(exception, RequestDataTooBig):  # Django reports it as a 400; it is a 413
+        too_large = PayloadTooLarge(settings.DELAYPAY_MAX_BODY_BYTES)
+        return JsonResponse(error_body("payload_too_large", str(too_large.detail)), status=413)
     return JsonResponse(error_body("bad_request", "Bad request."), status=400)
 
 

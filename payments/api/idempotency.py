@@ -5,7 +5,7 @@ import re
 
 from django.http import HttpResponse
 
-from payments.exceptions import IdempotencyKeyInvalid, IdempotencyKeyRequired
+from payments.exceptions import IdempotencyKeyInvalid, IdempotencyKeyRepeated, IdempotencyKeyRequired
 from payments.idempotency import StoredResponse, idempotent_call, request_fingerprint
 
 MAX_KEY_LENGTH = 255
@@ -17,16 +17,21 @@ _SF_ESCAPE = re.compile(r'\\(["\\])')
 
 def idempotency_key(request) -> str:
     """The request's Idempotency-Key, bare (``abc``) or quoted (``"abc"``): 1-255 printable
-    ASCII characters once unquoted."""
+    ASCII characters once unquoted.
+
+    The header is a single item (the draft's sf-string), never a list. WSGI servers join a
+    header sent twice with a comma (``one,two``; ``"one","two"``), so a value that is not
+    one quoted string and holds a comma is refused as repeated, not taken as one key:
+    a bare key may not contain a comma (a quoted one may)."""
     raw = request.headers.get("Idempotency-Key")
     if raw is None:
         raise IdempotencyKeyRequired()
     value = raw.strip(" \t")
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        quoted = _SF_STRING.fullmatch(value)
-        if quoted is None:
-            raise IdempotencyKeyInvalid()
+    quoted = _SF_STRING.fullmatch(value)
+    if quoted is not None:
         key = _SF_ESCAPE.sub(r"\1", quoted.group(1))
+    elif "," in value:
+        raise IdempotencyKeyRepeated()
     elif value.startswith('"') or value.endswith('"'):
         raise IdempotencyKeyInvalid()  # an unbalanced quote is a client bug, not part of the key
     else:

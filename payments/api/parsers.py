@@ -1,11 +1,16 @@
-"""JSON request bodies, strictly: bounded in size, no duplicate keys, no lone surrogates."""
+"""JSON request bodies, strictly: exactly ``application/json``, bounded in size, no
+duplicate keys, no lone surrogates."""
 
 import json
+import re
 
 from django.conf import settings
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError
-from rest_framework.parsers import JSONParser, get_encoding
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.parsers import BaseParser, get_encoding
+from rest_framework.renderers import JSONRenderer
+from rest_framework.settings import api_settings
 from rest_framework.utils.json import strict_constant
 
 
@@ -27,14 +32,23 @@ def _reject_duplicate_keys(pairs):
     return obj
 
 
-class StrictJSONParser(JSONParser):
+class StrictJSONParser(BaseParser):
     """DRF's JSONParser plus the limits a payments API needs.
 
     * Bodies over ``DELAYPAY_MAX_BODY_BYTES`` get 413 (judged on Content-Length before
       reading, and on the bytes actually read).
     * Duplicate object keys, lone UTF-16 surrogates and nesting deep enough to exhaust
       the parser's recursion are 400 ``parse_error``, never a 500.
+
+    Not a JSONParser subclass on purpose: DRF hands a JSONParser ``request.body``, read
+    whole (up to Django's 2.5 MiB DATA_UPLOAD_MAX_MEMORY_SIZE, beyond which Django raises
+    RequestDataTooBig) before the parser can judge the size. This one gets the stream
+    and reads at most the limit plus one byte.
     """
+
+    media_type = "application/json"
+    renderer_class = JSONRenderer
+    strict = api_settings.STRICT_JSON
 
     def parse(self, stream, media_type=None, parser_context=None):
         parser_context = parser_context or {}
@@ -63,3 +77,42 @@ class StrictJSONParser(JSONParser):
         except (ValueError, UnicodeError, RecursionError) as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
         return data
+
+
+# A media type's type and subtype: RFC 9110 tokens.
+_TCHARS = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+_CONTENT_TYPE = re.compile(
+    rf"[ \t]*(?P<type>{_TCHARS}/{_TCHARS})(?P<params>(?:[ \t]*;[ \t]*(?:{_TCHARS}=(?:{_TCHARS}|{_QUOTED}))?)*)[ \t]*"
+)
+_PARAM = re.compile(rf"({_TCHARS})=")
+# Parameters a body's Content-Type may carry; anything else names another format.
+_ALLOWED_PARAMS = {"charset"}
+
+
+def exact_media_type(content_type: str) -> str | None:
+    """``type/subtype`` (lower case) of a Content-Type that names one media type, with at
+    most one ``charset`` parameter; None for anything else (wildcards match no parser)."""
+    match = _CONTENT_TYPE.fullmatch(content_type or "")
+    if match is None:
+        return None
+    params = [name.lower() for name in _PARAM.findall(re.sub(_QUOTED, '""', match["params"]))]
+    if len(params) != len(set(params)) or not set(params) <= _ALLOWED_PARAMS:
+        return None
+    return match["type"].lower()
+
+
+class StrictContentNegotiation(DefaultContentNegotiation):
+    """A body is parsed only when its Content-Type names a parser's media type exactly.
+
+    DRF's default matches the header as a pattern, so ``*/*`` and ``application/*`` pick
+    the JSON parser; here they, and ``application/json`` with parameters other than
+    ``charset``, are 415 ``unsupported_media_type``. Responses are negotiated as DRF does.
+    """
+
+    def select_parser(self, request, parsers):
+        content_type = request.content_type
+        if content_type and len(content_type) > self.max_media_type_length:
+            return None
+        media_type = exact_media_type(content_type)
+        return next((parser for parser in parsers if parser.media_type == media_type), None)

@@ -4,14 +4,15 @@ re-drive or resolve a payment in review."""
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 
-from payments.selectors import (
-    payment_authorize_cancel,
-    payment_authorize_review,
-    payment_authorize_update,
-    payment_get,
-    payment_list,
+from payments.selectors import payment_authorize, payment_get, payment_is_own, payment_list
+from payments.services import (
+    payment_cancel,
+    payment_cancel_by_staff,
+    payment_redrive,
+    payment_resolve,
+    payment_schedule,
+    payment_update,
 )
-from payments.services import payment_cancel, payment_redrive, payment_resolve, payment_schedule, payment_update
 
 from . import serializers as s
 from .base import PAYMENT_ORDER, ApiView, render
@@ -40,7 +41,7 @@ class PaymentListCreateView(ApiView):
     @extend_schema(
         operation_id="payments_list",
         tags=["payments"],
-        summary="Your payments, newest due first (staff: every payment)",
+        summary="Your payments, newest due first (staff with payments.view_scheduledpayment: every payment)",
         parameters=[s.PaymentPageQuerySerializer, WWW_AUTHENTICATE],
         responses={200: page_of(s.PaymentSerializer, "PaymentPage"), **errors(400, *READ)},
     )
@@ -64,7 +65,8 @@ class PaymentListCreateView(ApiView):
         parameters=[IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RETRY_AFTER, WWW_AUTHENTICATE],
         responses={
             201: OpenApiResponse(s.PaymentSerializer, description="Scheduled (or a replay of the first response)."),
-            **errors(*WRITE, 409, 429, e409="idempotency_key_reused or idempotency_key_in_use."),
+            **errors(*WRITE, 409, 429, e409="idempotency_key_reused or idempotency_key_in_use; "
+                     "limit_pending_payments or limit_daily_outflow: a per-user limit leaves no room."),
         },
     )
     def post(self, request):
@@ -84,6 +86,11 @@ class PaymentListCreateView(ApiView):
             return 201, render(s.PaymentSerializer(payment).data)
 
         return run_idempotent(request, create)
+
+
+def payment_expected_version(request, payment_id: str) -> int | None:
+    """The version If-Match asks a write to find (None without If-Match)."""
+    return expected_version(request, current=lambda: payment_get(user=request.user, payment_id=payment_id).version)
 
 
 def payment_response(request, payment_id: str) -> Response:
@@ -122,17 +129,16 @@ class PaymentDetailView(ApiView):
             **errors(
                 *WRITE, 403, 404, 409, 412,
                 e403="permission_denied: staff need payments.change_scheduledpayment to change others' payments.",
-                e409="payment_not_editable; `status` is the payment's current status.",
+                e409="payment_not_editable; `status` is the payment's current status. limit_daily_outflow: "
+                "the new amount or day would pass the per-user daily limit.",
             ),
         },
     )
     def patch(self, request, payment_id: str):
-        payment_authorize_update(user=request.user, payment_id=payment_id)
+        payment_authorize(user=request.user, payment_id=payment_id, act="change")
         body = s.PaymentUpdateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        expected = expected_version(
-            request, current=lambda: payment_get(user=request.user, payment_id=payment_id).version
-        )
+        expected = payment_expected_version(request, payment_id)
         payment_update(payment_id=payment_id, actor=request.user, expected_version=expected, **body.validated_data)
         return payment_response(request, payment_id)
 
@@ -143,21 +149,32 @@ class PaymentDetailView(ApiView):
         description=(
             "200 with the CANCELLED payment, also when it was already cancelled. A payment parked in "
             "NEEDS_REVIEW can be cancelled too. 409 payment_not_cancellable (with its `status`) once it was "
-            "claimed for execution or finished."
+            "claimed for execution or finished. With `If-Match` it is optimistic: 412 version_mismatch if the "
+            "payment changed since you read it; a retried cancel that already took effect answers 200. Staff "
+            "cancelling someone else's payment give a `reason` (query parameter, required): it is recorded with "
+            "their user in the ledger's staff actions, in the cancel's transaction."
         ),
-        parameters=[ETAG, WWW_AUTHENTICATE],
+        parameters=[s.PaymentCancelQuerySerializer, IF_MATCH, ETAG, WWW_AUTHENTICATE],
         responses={
             200: s.PaymentSerializer,
             **errors(
-                *READ, 403, 404, 409,
+                400, *READ, 403, 404, 409, 412,
+                e400="validation_error: If-Match is not entity tags, or a staff cancel without `reason`.",
                 e403="permission_denied: staff without the cancel permission may read but not cancel.",
                 e409="payment_not_cancellable; `status` is the payment's current status.",
             ),
         },
     )
     def delete(self, request, payment_id: str):
-        payment_authorize_cancel(user=request.user, payment_id=payment_id)
-        payment_cancel(payment_id=payment_id, actor=request.user)
+        payment_authorize(user=request.user, payment_id=payment_id, act="cancel")
+        query = s.PaymentCancelQuerySerializer.parse(request)
+        expected = payment_expected_version(request, payment_id)
+        if payment_is_own(user=request.user, payment_id=payment_id):
+            payment_cancel(payment_id=payment_id, actor=request.user, expected_version=expected)
+        else:  # staff cancelling someone else's payment: recorded with an author and a reason
+            payment_cancel_by_staff(
+                payment_id=payment_id, actor=request.user, reason=query.get("reason", ""), expected_version=expected
+            )
         return payment_response(request, payment_id)
 
 
@@ -181,11 +198,11 @@ class PaymentRedriveView(ApiView):
             "payment_not_in_review for a payment that is not (and was not) in review."
         ),
         request=s.PaymentRedriveSerializer,
-        parameters=[ETAG, WWW_AUTHENTICATE],
-        responses={200: s.PaymentSerializer, **errors(*WRITE, 403, 404, 409, **REVIEW_ERRORS)},
+        parameters=[IF_MATCH, ETAG, WWW_AUTHENTICATE],
+        responses={200: s.PaymentSerializer, **errors(*WRITE, 403, 404, 409, 412, **REVIEW_ERRORS)},
     )
     def post(self, request, payment_id: str):
-        payment_authorize_review(user=request.user, payment_id=payment_id)
+        payment_authorize(user=request.user, payment_id=payment_id, act="review")
         body = s.PaymentRedriveSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         payment_redrive(
@@ -193,6 +210,7 @@ class PaymentRedriveView(ApiView):
             actor=request.user,
             reason=body.validated_data["reason"],
             execute_at=body.validated_data.get("execute_at"),
+            expected_version=payment_expected_version(request, payment_id),
         )
         return payment_response(request, payment_id)
 
@@ -209,11 +227,11 @@ class PaymentResolveView(ApiView):
             "409 payment_not_in_review for a payment that is not (and was not) in review."
         ),
         request=s.PaymentResolveSerializer,
-        parameters=[ETAG, WWW_AUTHENTICATE],
-        responses={200: s.PaymentSerializer, **errors(*WRITE, 403, 404, 409, **REVIEW_ERRORS)},
+        parameters=[IF_MATCH, ETAG, WWW_AUTHENTICATE],
+        responses={200: s.PaymentSerializer, **errors(*WRITE, 403, 404, 409, 412, **REVIEW_ERRORS)},
     )
     def post(self, request, payment_id: str):
-        payment_authorize_review(user=request.user, payment_id=payment_id)
+        payment_authorize(user=request.user, payment_id=payment_id, act="review")
         body = s.PaymentResolveSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         payment_resolve(
@@ -221,5 +239,6 @@ class PaymentResolveView(ApiView):
             actor=request.user,
             outcome=body.validated_data["outcome"],
             reason=body.validated_data["reason"],
+            expected_version=payment_expected_version(request, payment_id),
         )
         return payment_response(request, payment_id)

@@ -6,6 +6,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 
 from payments.models import RecurringPayment
+from payments.rules import MAX_COUNT, MAX_CRON_COUNT
 from payments.selectors import recurring_authorize, recurring_get, recurring_list, recurring_occurrences
 from payments.series import recurring_create, recurring_end, recurring_pause, recurring_resume, recurring_update
 
@@ -29,11 +30,11 @@ from .schema import (
 from .throttling import CreateThrottle
 
 
-def recurring_body(rec: RecurringPayment, *, page_request=None) -> dict:
-    """The recurring payment with a page of its occurrences, newest first (the page the
-    request's cursor and limit select; the first page without one)."""
+def recurring_body(rec: RecurringPayment, *, user, page_request=None) -> dict:
+    """The recurring payment with a page of the occurrences ``user`` may see, newest first
+    (the page the request's cursor and limit select; the first page without one)."""
     occurrences = keyset_page(
-        recurring_occurrences(recurring_id=rec.id), s.OccurrenceSerializer, ordering=OCCURRENCE_ORDER,
+        recurring_occurrences(user=user, recurring_id=rec.id), s.OccurrenceSerializer, ordering=OCCURRENCE_ORDER,
         request=page_request,
     )
     return s.RecurringPaymentDetailSerializer(rec, context={"occurrences": occurrences}).data
@@ -41,7 +42,7 @@ def recurring_body(rec: RecurringPayment, *, page_request=None) -> dict:
 
 def recurring_response(request, recurring_id: str, *, page_request=None) -> Response:
     rec = recurring_get(user=request.user, recurring_id=recurring_id)
-    return with_etag(Response(recurring_body(rec, page_request=page_request)), rec.version)
+    return with_etag(Response(recurring_body(rec, user=request.user, page_request=page_request)), rec.version)
 
 
 def recurring_expected_version(request, recurring_id: str) -> int | None:
@@ -71,7 +72,7 @@ class RecurringListCreateView(ApiView):
     @extend_schema(
         operation_id="recurring_payments_list",
         tags=["recurring payments"],
-        summary="Your recurring payments, newest first (staff: every one)",
+        summary="Your recurring payments, newest first (staff with payments.view_recurringpayment: every one)",
         parameters=[s.RecurringPageQuerySerializer, WWW_AUTHENTICATE],
         responses={200: page_of(s.RecurringPaymentSerializer, "RecurringPaymentPage"), **errors(400, *READ)},
     )
@@ -89,7 +90,9 @@ class RecurringListCreateView(ApiView):
             "`count` occurrences. Each occurrence becomes an ordinary payment, generated one ahead: the first "
             "occurrence after now at once (listed in `occurrences`), each next one when the previous falls due. "
             f"Occurrences are at least {settings.DELAYPAY_MIN_RECURRING_INTERVAL} seconds apart "
-            "(DELAYPAY_MIN_RECURRING_INTERVAL)."
+            "(DELAYPAY_MIN_RECURRING_INTERVAL). Bounds, each a 400 validation_error naming the field: `start_at` "
+            "from 1970-01-01T00:00:00Z; an interval of at most 10 years; a cron expression that matches at least "
+            f"once every 366 days; `count` at most {MAX_COUNT} ({MAX_CRON_COUNT} with a cron rule)."
         ),
         request=s.RecurringCreateSerializer,
         parameters=[IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, RETRY_AFTER, WWW_AUTHENTICATE],
@@ -97,7 +100,8 @@ class RecurringListCreateView(ApiView):
             201: OpenApiResponse(
                 s.RecurringPaymentDetailSerializer, description="Created, ACTIVE (or a replay of the first response)."
             ),
-            **errors(*WRITE, 409, 429, e409="idempotency_key_reused or idempotency_key_in_use."),
+            **errors(*WRITE, 409, 429, e409="idempotency_key_reused or idempotency_key_in_use; "
+                     "limit_active_series or limit_daily_outflow: a per-user limit leaves no room."),
         },
     )
     def post(self, request):
@@ -117,7 +121,7 @@ class RecurringListCreateView(ApiView):
                 end_at=data.get("end_at"),
                 count=data.get("count"),
             )
-            return 201, render(recurring_body(rec))
+            return 201, render(recurring_body(rec, user=request.user))
 
         return run_idempotent(request, create)
 
@@ -144,15 +148,20 @@ class RecurringDetailView(ApiView):
         summary="Change the amount or the schedule of future occurrences",
         description=(
             "Any of amount, start_at, interval or cron (one replaces the other), timezone, end_at, count "
-            "(null clears end_at or count). The occurrence already scheduled is cancelled and replaced by the "
-            "first occurrence after now under the new terms (a paused series gets it when resumed); payments "
-            "already claimed or finished are not touched. Bumps `version`; `If-Match` makes it optimistic. "
-            "Sending the values it already has changes nothing and answers 200."
+            "(null clears end_at or count). The occurrence already scheduled, if not yet due, is cancelled and "
+            "replaced by the first occurrence after now under the new terms (a paused series gets it when "
+            "resumed); one already due runs as it is, and payments already claimed or finished are not touched. "
+            "An occurrence cancelled on its own (DELETE /payments/{id}) stays cancelled: it is never generated "
+            "again. Bumps `version`; `If-Match` makes it optimistic. Sending the values it already has changes "
+            "nothing and answers 200."
         ),
         request=s.RecurringUpdateSerializer,
         parameters=[IF_MATCH, ETAG, WWW_AUTHENTICATE],
-        responses={200: s.RecurringPaymentDetailSerializer, **errors(*WRITE, 403, 404, 409, 412,
-                                                                      **RECURRING_WRITE_ERRORS)},
+        responses={200: s.RecurringPaymentDetailSerializer, **errors(
+            *WRITE, 403, 404, 409, 412, e403=RECURRING_WRITE_ERRORS["e403"],
+            e409=RECURRING_WRITE_ERRORS["e409"] + " limit_daily_outflow: the new terms would pass the per-user "
+            "daily limit.",
+        )},
     )
     def patch(self, request, recurring_id: str):
         recurring_authorize(user=request.user, recurring_id=recurring_id, action="change")
@@ -200,7 +209,8 @@ class RecurringResumeView(ApiView):
         tags=["recurring payments"],
         summary="Resume from now: missed occurrences are skipped (and recorded), not paid in a burst",
         description=(
-            "PAUSED -> ACTIVE; the next occurrence is the first one after now. Resuming an active series "
+            "PAUSED -> ACTIVE; the next occurrence is the first one after now, unless that one was cancelled on "
+            "its own (it stays cancelled; the series goes on from the one after it). Resuming an active series "
             "answers 200 again. 409 once it has ENDED."
         ),
         request=None,

@@ -6,12 +6,13 @@ from functools import cache
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, inline_serializer
 from rest_framework import serializers
 
+from ledger.models import DepositRequest
 from payments.models import PaymentStatus, RecurringStatus
 
 from .errors import ERROR_CODE_CHOICES
 
-# The `status` of a 409: a payment's or a recurring payment's.
-ERROR_STATUS_CHOICES = [*PaymentStatus.choices, *RecurringStatus.choices]
+# The `status` of a 409: a payment's, a recurring payment's or a deposit request's.
+ERROR_STATUS_CHOICES = [*PaymentStatus.choices, *RecurringStatus.choices, *DepositRequest.Status.choices]
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -30,20 +31,36 @@ class ErrorSerializer(serializers.Serializer):
             "status": serializers.ChoiceField(
                 choices=ERROR_STATUS_CHOICES,
                 required=False,
-                help_text="payment_not_cancellable, payment_not_editable, payment_not_in_review and "
-                "recurring_not_editable: the current status of the payment or recurring payment.",
+                help_text="payment_not_cancellable, payment_not_editable, payment_not_in_review, "
+                "recurring_not_editable and deposit_request_not_pending: the current status of the payment, "
+                "recurring payment or deposit request.",
             ),
             "version": serializers.IntegerField(
                 required=False, min_value=1, help_text="version_mismatch only: the current version (its ETag)."
             ),
             "retry_after": serializers.IntegerField(
-                required=False, min_value=1, help_text="throttled only: seconds to wait, as Retry-After."
+                required=False,
+                min_value=1,
+                help_text="throttled and login_locked_out: seconds to wait, as Retry-After.",
+            ),
+            "limit": serializers.IntegerField(
+                required=False, min_value=1, help_text="limit_* only: the per-user limit that would be passed."
+            ),
+            "usage": serializers.IntegerField(
+                required=False, min_value=0, help_text="limit_* only: where you stand against it before this request."
+            ),
+            "requested": serializers.IntegerField(
+                required=False, min_value=0, help_text="limit_daily_outflow only: the units this request adds."
+            ),
+            "day": serializers.DateField(
+                required=False, help_text="limit_daily_outflow only: the UTC day that would go over the limit."
             ),
         }
 
 
 _WHEN = {
-    400: "Invalid request: validation_error (with `fields`), parse_error, or an idempotency_key_* code.",
+    400: "Invalid request: validation_error (with `fields`), parse_error, an idempotency_key_* code, or "
+    "system_account (a payment into a system account).",
     401: "not_authenticated: missing or invalid token.",
     403: "permission_denied.",
     404: "not_found: no such resource, or not yours (existence is not revealed).",
@@ -51,7 +68,7 @@ _WHEN = {
     409: "A conflict; see `code`.",
     412: "version_mismatch: If-Match names a version other than the current one, given in `version`.",
     413: "payload_too_large: the body is over 64 KiB.",
-    415: "unsupported_media_type: the body must be application/json.",
+    415: "unsupported_media_type: the body must be application/json, with at most a charset parameter.",
     429: "throttled: retry after `retry_after` seconds (also the Retry-After header).",
 }
 
@@ -100,11 +117,13 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     str,
     OpenApiParameter.HEADER,
     required=True,
-    # Bare form; the quoted form ("...", an RFC 8941 string) is accepted too.
-    pattern=r"^[!#-~](?:[ -~]{0,253}[!#-~])?$",
+    # Bare form, no comma; the quoted form ("...", an RFC 8941 string) is accepted too.
+    pattern=r"^[!#-+\x2d-~](?:[ -+\x2d-~]{0,253}[!#-+\x2d-~])?$",
     description=(
         "1-255 printable ASCII characters, bare or in double quotes, unique per request you mean "
         "to make once (a UUID is a good choice). Scoped to your user and kept at least 24 hours. "
+        "Send it once: a bare key may not contain a comma, because a header sent twice arrives "
+        "joined by one (400 idempotency_key_repeated). "
         "Repeating a request with the same key and the same body replays the first response "
         "byte for byte with `Idempotent-Replayed: true` and creates nothing; the same key with a "
         "different body is 409 idempotency_key_reused; while the first is still running, 409 "
@@ -116,7 +135,7 @@ IDEMPOTENT_REPLAYED = OpenApiParameter(
     str,
     OpenApiParameter.HEADER,
     enum=["true"],
-    response=[201],
+    response=[201, 202],
     description="Present on a replayed response.",
 )
 

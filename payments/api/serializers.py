@@ -5,7 +5,8 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ledger.models import Account, Transfer
+from ledger.models import Account, DepositRequest, Transfer
+from ledger.services import MAX_REASON as MAX_STAFF_REASON
 from payments.models import (
     ExecutionAttempt,
     PaymentStatus,
@@ -14,7 +15,7 @@ from payments.models import (
     ReviewReason,
     ScheduledPayment,
 )
-from payments.rules import MAX_COUNT
+from payments.rules import MAX_COUNT, MAX_CRON_COUNT
 from payments.services import MAX_JITTER_SECONDS, MAX_REVIEW_REASON
 
 from .fields import StrictCharField, StrictDateTimeField, StrictDurationField, StrictIntegerField, format_utc
@@ -75,7 +76,12 @@ class TokenRequestSerializer(StrictSerializer):
 
 
 class TokenResponseSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text="Send as `Authorization: Token <token>`.")
+    token = serializers.CharField(
+        help_text="Send as `Authorization: Token <token>`. Shown once: only its digest is stored."
+    )
+    expires_at = StrictDateTimeField(
+        help_text="When the token stops working (DELAYPAY_TOKEN_TTL_HOURS after issue); then ask for a new one."
+    )
 
 
 class AccountCreateSerializer(StrictSerializer):
@@ -93,8 +99,64 @@ class AccountSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+def staff_reason_field(**kwargs):
+    return StrictCharField(
+        max_length=MAX_STAFF_REASON,
+        help_text="Why, in a sentence: recorded with your user in the ledger's staff actions.",
+        **kwargs,
+    )
+
+
 class DepositCreateSerializer(StrictSerializer):
-    amount = amount_field()
+    amount = amount_field(
+        help_text="Whole units. At or below DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD it is deposited at once (201); "
+        "above it the deposit waits for another staff member's approval (202)."
+    )
+    reason = staff_reason_field()
+
+
+class DepositRequestSerializer(serializers.ModelSerializer):
+    request_id = serializers.CharField(source="id")
+    account_id = serializers.CharField()
+    status = serializers.ChoiceField(choices=DepositRequest.Status.choices)
+    requested_by = serializers.CharField(source="requested_by.username")
+    decided_by = serializers.CharField(source="decided_by.username", default=None, allow_null=True)
+    decided_at = StrictDateTimeField(allow_null=True)
+    created_at = StrictDateTimeField()
+    deposit_id = serializers.SerializerMethodField(
+        help_text="The ledger key of the deposit (the request's id) once approved; null before."
+    )
+
+    class Meta:
+        model = DepositRequest
+        fields = [
+            "request_id", "account_id", "amount", "reason", "status", "requested_by", "created_at",
+            "decided_by", "decided_at", "decision_reason", "deposit_id",
+        ]
+        read_only_fields = fields
+
+    def get_deposit_id(self, obj) -> str | None:
+        return obj.id if obj.status == DepositRequest.Status.APPROVED else None
+
+
+class DepositRequestPageQuerySerializer(PageQuerySerializer):
+    status = serializers.ChoiceField(
+        choices=DepositRequest.Status.choices, required=False, help_text="Only requests in this status."
+    )
+    account_id = serializers.CharField(required=False, max_length=40, help_text="Only requests into this account.")
+
+
+class DepositDecisionSerializer(StrictSerializer):
+    reason = staff_reason_field()
+
+
+class PaymentCancelQuerySerializer(StrictQuerySerializer):
+    reason = serializers.CharField(
+        required=False,
+        max_length=MAX_STAFF_REASON,
+        help_text="Required when staff cancel someone else's payment: why, recorded with your user in the "
+        "ledger's staff actions. Ignored on your own payment.",
+    )
 
 
 class DepositSerializer(serializers.Serializer):
@@ -297,8 +359,9 @@ def count_field(**kwargs):
         min_value=1,
         max_value=MAX_COUNT,
         allow_null=True,
-        help_text=f"End after this many occurrences, 1-{MAX_COUNT}, counted from start_at; fixed when set, so "
-        "occurrences skipped while paused still use up their place. null: no count.",
+        help_text=f"End after this many occurrences, 1-{MAX_COUNT} (at most {MAX_CRON_COUNT} with a cron rule), "
+        "counted from start_at; fixed when set, so occurrences skipped while paused still use up their place. "
+        "null: no count.",
         **kwargs,
     )
 
@@ -315,7 +378,8 @@ class RecurringCreateSerializer(StrictSerializer):
     amount = amount_field(help_text="Whole units per occurrence, a JSON integer.")
     start_at = StrictDateTimeField(
         help_text="The series' first instant (RFC 3339); at most "
-        f"{settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead. Occurrences before now are not paid."
+        f"{settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead and not before 1970-01-01T00:00:00Z. Occurrences "
+        "before now are not paid."
     )
     interval = StrictCharField(
         required=False,
@@ -327,7 +391,8 @@ class RecurringCreateSerializer(StrictSerializer):
     cron = StrictCharField(
         required=False,
         max_length=120,
-        help_text="A five-field cron expression evaluated in `timezone`, e.g. `0 12 * * FRI`. Give interval or cron.",
+        help_text="A five-field cron expression evaluated in `timezone`, e.g. `0 12 * * FRI`, that matches at least "
+        "once every 366 days. Give interval or cron.",
     )
     timezone = StrictCharField(
         required=False, max_length=64, help_text="IANA time zone of the rule, e.g. Europe/Berlin; default UTC."

@@ -1,7 +1,7 @@
 from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from . import accounts, auth, payments, recurring
+from . import accounts, auth, deposits, payments, recurring
 
 
 class PublicIdConverter:
@@ -20,6 +20,8 @@ register_converter(PublicIdConverter, "public_id")
 
 urlpatterns = [
     path("auth/token", auth.TokenView.as_view(), name="auth-token"),
+    path("auth/logout", auth.LogoutView.as_view(), name="auth-logout"),
+    path("auth/logout-all", auth.LogoutAllView.as_view(), name="auth-logout-all"),
     path("accounts", accounts.AccountListCreateView.as_view(), name="account-list"),
     path("accounts/<public_id:account_id>", accounts.AccountDetailView.as_view(), name="account-detail"),
     path("accounts/<public_id:account_id>/deposits", accounts.DepositView.as_view(), name="account-deposits"),
@@ -32,6 +34,22 @@ urlpatterns = [
         "accounts/<public_id:account_id>/transfers",
         accounts.AccountTransferListView.as_view(),
         name="account-transfers",
+    ),
+    path("deposit-requests", deposits.DepositRequestListView.as_view(), name="deposit-request-list"),
+    path(
+        "deposit-requests/<public_id:request_id>",
+        deposits.DepositRequestDetailView.as_view(),
+        name="deposit-request-detail",
+    ),
+    path(
+        "deposit-requests/<public_id:request_id>/approve",
+        deposits.DepositRequestApproveView.as_view(),
+        name="deposit-request-approve",
+    ),
+    path(
+        "deposit-requests/<public_id:request_id>/reject",
+        deposits.DepositRequestRejectView.as_view(),
+        name="deposit-request-reject",
     ),
     path("payments", payments.PaymentListCreateView.as_view(), name="payment-list"),
     path("payments/<public_id:payment_id>", payments.PaymentDetailView.as_view(), name="payment-detail"),
@@ -57,6 +75,8 @@ urlpatterns = [
         recurring.RecurringResumeView.as_view(),
         name="recurring-resume",
     ),
-    path("schema", SpectacularAPIView.as_view(), name="schema"),
-    path("docs", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    # GET and HEAD only, as every API view (base.ApiView): DRF's OPTIONS on the Swagger page
+    # rendered a template that does not exist (a 500).
+    path("schema", SpectacularAPIView.as_view(http_method_names=["get", "head"]), name="schema"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="schema", http_method_names=["get", "head"]), name="docs"),
 ]

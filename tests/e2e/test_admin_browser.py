@@ -9,6 +9,7 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from playwright.sync_api import expect, sync_playwright
 
+from ledger.models import Account, StaffAction, Transfer
 from payments.models import PaymentStatus
 from payments.services import payment_cancel
 from tests.factories import PASSWORD, UserFactory, funded_account, future_payment
@@ -86,6 +87,11 @@ def test_staff_cancels_a_scheduled_payment_from_the_changelist(live_server, brow
         page.select_option('select[name="action"]', "cancel_selected")
         page.get_by_role("button", name="Go").click()
 
+        # One click never cancels: a confirmation page counts the selection and asks why.
+        expect(page.locator("#dp-act-count")).to_contain_text("1 of the 1 scheduled payment listed will change")
+        page.fill("#id_reason", "customer asked")
+        page.locator('input[name="_cancel"]').click()
+
         expect(page.locator(".messagelist .success")).to_have_text(f"Cancelled: {doomed.pk}.")
         expect(rows).to_have_count(1)  # still filtered to SCHEDULED: the cancelled one has left
         expect(page.locator("#result_list")).to_contain_text(keep.pk)
@@ -102,3 +108,41 @@ def test_staff_cancels_a_scheduled_payment_from_the_changelist(live_server, brow
     doomed.refresh_from_db()
     keep.refresh_from_db()
     assert (doomed.status, keep.status) == (PaymentStatus.CANCELLED, PaymentStatus.SCHEDULED)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_back_and_submit_again_deposits_once(live_server, browser_settings, tmp_path):
+    """The issue's reproduction (0 -> 2,500 -> 5,000) in a real browser: deposit, press
+    Back to the form, submit again. The form's URL carries its one-time token, so Back
+    returns to the same, consumed form: one deposit."""
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    account = funded_account(balance=0)
+    with chromium_page(live_server.url) as page:
+        page.goto("/admin/")
+        page.fill("#id_username", staff.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        page.goto(reverse("admin:ledger_account_change", args=[quote(account.pk)]))
+        page.click("#dp-deposit")
+        page.wait_for_url("**/deposit/?form=adep_*")
+        form_url = page.url
+        page.fill("#id_amount", "2500")
+        page.fill("#id_reason", "opening balance")
+        page.get_by_role("button", name="Deposit").click()
+        expect(page.locator(".messagelist .success")).to_contain_text("Deposited 2500")
+
+        page.go_back()  # the browser's Back: to the form's page
+        assert page.url == form_url
+        submit = page.get_by_role("button", name="Deposit")
+        if submit.count():  # restored from the browser's cache with the amount still in it
+            submit.click()
+            expect(page.locator(".messagelist .warning")).to_contain_text("already submitted")
+        else:  # fetched again: the page says what the form did
+            expect(page.locator("#dp-deposit-submitted")).to_contain_text("2500 was deposited")
+        page.reload()
+        expect(page.locator("#dp-deposit-submitted")).to_contain_text("already submitted")
+        page.screenshot(path=tmp_path / "deposit-back.png", full_page=True)
+
+    assert Account.objects.get(pk=account.pk).balance == 2500
+    assert Transfer.objects.filter(credit_account_id=account.pk).count() == 1
+    assert StaffAction.objects.get(account_id=account.pk).reason == "opening balance"

@@ -15,9 +15,14 @@ from ledger.services import (
     ledger_post_batch,
     ledger_transfer,
 )
-from tests.factories import funded_account
+from tests.factories import UserFactory, funded_account
 
 pytestmark = pytest.mark.django_db
+
+
+def teller():
+    """A staff member who deposits (the services take the actor; permissions are the callers')."""
+    return UserFactory(is_staff=True)
 
 
 def balances_sum() -> int:
@@ -39,20 +44,22 @@ def test_deposit_credits_account_from_issuance_and_keeps_sum_zero():
 
 def test_account_deposit_mints_a_key_and_returns_the_balance_right_after():
     account = funded_account(balance=5)
-    deposit = account_deposit(account_id=account.id, amount=20)
+    deposit = account_deposit(account_id=account.id, amount=20, actor=teller(), reason="test")
     assert deposit.key.startswith("dep_") and not deposit.replayed
     assert (deposit.account_id, deposit.amount, deposit.balance) == (account.id, 20, 25)
     transfer = Transfer.objects.get(key=deposit.key)
     assert (transfer.debit_account_id, transfer.credit_account_id) == (ISSUANCE_ACCOUNT_ID, account.id)
     assert deposit.posted_at == transfer.created_at
-    assert account_deposit(account_id=account.id, amount=20).key != deposit.key  # a new key each time
+    again = account_deposit(account_id=account.id, amount=20, actor=teller(), reason="test")
+    assert again.key != deposit.key  # a new key each time
     assert balances_sum() == 0
 
 
 def test_account_deposit_with_a_given_key_moves_money_once_and_replays_the_first_deposit():
     account = funded_account()
-    first = account_deposit(account_id=account.id, amount=30, key="adep_1")
-    again = account_deposit(account_id=account.id, amount=99, key="adep_1")  # a resubmit, amount edited
+    first = account_deposit(account_id=account.id, amount=30, key="adep_1", actor=teller(), reason="test")
+    # A resubmit, amount edited:
+    again = account_deposit(account_id=account.id, amount=99, key="adep_1", actor=teller(), reason="test")
     assert first.key == again.key == "adep_1"
     assert not first.replayed and again.replayed
     assert (again.account_id, again.amount, again.balance, again.posted_at) == (
@@ -67,7 +74,7 @@ def test_account_deposit_refuses_a_closed_account_and_moves_nothing():
     account = funded_account(balance=10)
     account_set_status(account_id=account.id, status=Account.Status.CLOSED)
     with pytest.raises(DepositRefused) as refused:
-        account_deposit(account_id=account.id, amount=5, key="dep_closed")
+        account_deposit(account_id=account.id, amount=5, key="dep_closed", actor=teller(), reason="test")
     assert refused.value.reason == "account_closed"
     assert refused.value.detail == str(refused.value) == "The deposit was rejected: account_closed."
     assert not Transfer.objects.filter(key="dep_closed").exists()
@@ -80,14 +87,14 @@ def test_account_deposit_refuses_a_system_account():
         account_deposit_check(account=issuance)
     assert (refused.value.reason, refused.value.detail) == ("not_a_user_account", "Deposits go to user accounts only.")
     with pytest.raises(DepositRefused, match="user accounts only"):
-        account_deposit(account_id=ISSUANCE_ACCOUNT_ID, amount=5)
+        account_deposit(account_id=ISSUANCE_ACCOUNT_ID, amount=5, actor=teller(), reason="test")
     assert Account.objects.get(pk=ISSUANCE_ACCOUNT_ID).balance == 0
     assert not Transfer.objects.exists()
 
 
 def test_account_deposit_into_an_unknown_account_raises():
     with pytest.raises(UnknownAccount):
-        account_deposit(account_id="acc_nope", amount=5)
+        account_deposit(account_id="acc_nope", amount=5, actor=teller(), reason="test")
 
 
 def test_transfer_is_idempotent_on_its_key():

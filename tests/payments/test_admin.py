@@ -5,6 +5,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Group
 from django.core.management import call_command
@@ -14,8 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from common.admin_tools import EstimatedCountPaginator
-from ledger.models import Transfer
+from common.admin_tools import ActionPermissionAdminMixin, EstimatedCountPaginator
+from ledger.models import StaffAction, Transfer
+from payments.admin import ScheduledPaymentAdmin
 from payments.execution import execute_batch
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due
@@ -284,7 +286,7 @@ def test_detail_page_is_read_only_with_attempts_events_and_the_transfer(superuse
     for formset in response.context["inline_admin_formsets"]:
         assert not formset.has_add_permission and not formset.has_delete_permission
     assert "worker:w1" in html  # the executed event's actor
-    assert 'name="cancel-payment"' not in html  # executed: no Cancel button
+    assert 'id="dp-cancel"' not in html  # executed: no Cancel button
 
 
 def test_detail_page_of_an_unexecuted_payment_says_no_money_moved(superuser, zoo):
@@ -327,23 +329,37 @@ def test_event_and_attempt_lists_search_by_payment(superuser, zoo):
 # --- cancel -----------------------------------------------------------------------------
 
 
-def cancel_action(client, *payments):
-    return client.post(
-        CHANGELIST,
-        {"action": "cancel_selected", "_selected_action": [p.pk for p in payments]},
-        follow=True,
-    )
+def cancel_action(client, *payments, reason="customer asked"):
+    """The bulk action: its confirmation page, then the page's submit with a reason."""
+    selection = {"action": "cancel_selected", "_selected_action": [p.pk for p in payments]}
+    page = client.post(CHANGELIST, selection)
+    if page.status_code != 200 or "act" not in (page.context or {}):
+        return page
+    return client.post(CHANGELIST, {**selection, "confirmed": "1", "reason": reason}, follow=True)
 
 
-def test_cancel_action_cancels_a_scheduled_payment_as_the_staff_user(support_user, zoo):
+def test_cancel_action_asks_for_a_reason_then_cancels_as_the_staff_user(support_user, zoo):
     payment = zoo["future"]
-    response = cancel_action(admin_client_for(support_user), payment)
+    client = admin_client_for(support_user)
+    page = client.post(CHANGELIST, {"action": "cancel_selected", "_selected_action": [payment.pk]})
+    assert page.templates[0].name == "admin/confirm_act.html"
+    assert (page.context["count"], page.context["affected"]) == (1, 1)
+    assert ScheduledPayment.objects.get(pk=payment.pk).status == PaymentStatus.SCHEDULED  # one click: nothing yet
+    blank = cancel_action(client, payment, reason=" ")
+    assert blank.context["form"].errors["reason"]
+    assert ScheduledPayment.objects.get(pk=payment.pk).status == PaymentStatus.SCHEDULED
+
+    response = cancel_action(client, payment, reason="customer asked")
     assert response.status_code == 200
     assert messages_of(response) == [f"Cancelled: {payment.pk}."]
     payment.refresh_from_db()
     assert payment.status == PaymentStatus.CANCELLED
     event = PaymentEvent.objects.get(payment=payment, kind=PaymentEvent.Kind.CANCELLED)
     assert (event.actor, event.actor_user) == (f"user:{support_user.pk}", support_user)
+    action = StaffAction.objects.get(payment_id=payment.pk)
+    assert (action.action, action.actor, action.reason, action.account_id, action.amount) == (
+        "payment_cancel", support_user, "customer asked", payment.from_account_id, payment.amount
+    )
 
 
 def test_cancel_action_reports_an_already_cancelled_payment(support_user, zoo):
@@ -351,6 +367,7 @@ def test_cancel_action_reports_an_already_cancelled_payment(support_user, zoo):
     response = cancel_action(admin_client_for(support_user), payment)
     assert messages_of(response) == [f"Already cancelled: {payment.pk}."]
     assert PaymentEvent.objects.filter(payment=payment, kind=PaymentEvent.Kind.CANCELLED).count() == 1
+    assert not StaffAction.objects.exists()
 
 
 def test_cancel_action_is_too_late_for_an_executed_payment(support_user, zoo):
@@ -361,10 +378,13 @@ def test_cancel_action_is_too_late_for_an_executed_payment(support_user, zoo):
     assert payment.status == PaymentStatus.EXECUTED
 
 
-def test_cancel_action_reports_each_payment_of_a_mixed_selection(support_user, zoo):
-    response = cancel_action(
-        admin_client_for(support_user), zoo["future"], zoo["cancelled"], zoo["stuck"], zoo["failed"]
-    )
+def test_cancel_action_counts_and_reports_each_payment_of_a_mixed_selection(support_user, zoo):
+    client = admin_client_for(support_user)
+    chosen = [zoo["future"], zoo["cancelled"], zoo["stuck"], zoo["failed"]]
+    page = client.post(CHANGELIST, {"action": "cancel_selected", "_selected_action": [p.pk for p in chosen]})
+    assert (page.context["count"], page.context["affected"]) == (4, 1)
+    assert "already claimed, finished or cancelled: left alone" in page.content.decode()
+    response = cancel_action(client, *chosen)
     text = messages_of(response)
     assert text[0] == f"Cancelled: {zoo['future'].pk}."
     assert text[1] == f"Already cancelled: {zoo['cancelled'].pk}."
@@ -373,48 +393,90 @@ def test_cancel_action_reports_each_payment_of_a_mixed_selection(support_user, z
 
 
 def test_cancel_action_refuses_an_oversized_selection(support_user, zoo, monkeypatch):
-    monkeypatch.setattr("payments.admin.MAX_CANCEL_PER_ACTION", 1)
-    response = cancel_action(admin_client_for(support_user), zoo["future"], zoo["overdue"])
-    assert messages_of(response) == ["Select at most 1 payments per cancel; nothing was cancelled."]
+    monkeypatch.setattr(ScheduledPaymentAdmin, "max_rows_per_act", 1)
+    response = admin_client_for(support_user).post(
+        CHANGELIST, {"action": "cancel_selected", "_selected_action": [zoo["future"].pk, zoo["overdue"].pk]},
+        follow=True,
+    )
+    assert messages_of(response) == ["Select at most 1 scheduled payments per cancel; nothing changed."]
     assert ScheduledPayment.objects.filter(status=PaymentStatus.SCHEDULED).count() == 3
 
 
-def test_cancel_button_on_the_detail_page(support_user, zoo):
+def test_cancel_button_on_the_detail_page_confirms_first(support_user, zoo):
     payment = zoo["future"]
     client = admin_client_for(support_user)
     page = client.get(change_url(payment)).content.decode()
-    assert f'action="{cancel_url(payment)}"' in page
-    assert client.get(cancel_url(payment)).status_code == 405  # a GET never cancels
-    response = client.post(cancel_url(payment), follow=True)
+    assert f'href="{cancel_url(payment)}"' in page
+    assert client.get(cancel_url(payment)).status_code == 200  # a GET shows the confirmation page
+    assert client.post(cancel_url(payment)).status_code == 200  # so does a POST without its submit
+    assert ScheduledPayment.objects.get(pk=payment.pk).status == PaymentStatus.SCHEDULED
+    response = client.post(cancel_url(payment), {"confirmed": "1", "reason": "duplicate"}, follow=True)
     assert response.redirect_chain[-1][0] == change_url(payment)
     assert messages_of(response) == [f"Cancelled: {payment.pk}."]
     payment.refresh_from_db()
     assert payment.status == PaymentStatus.CANCELLED
-    assert 'name="cancel-payment"' not in response.content.decode()  # gone once cancelled
-    again = client.post(cancel_url(payment), follow=True)
+    html = response.content.decode()
+    assert 'id="dp-cancel"' not in html  # gone once cancelled
+    assert "duplicate" in html  # the payment page shows the staff action's reason
+    again = client.post(cancel_url(payment), {"confirmed": "1", "reason": "duplicate"}, follow=True)
     assert messages_of(again) == [f"Already cancelled: {payment.pk}."]
 
 
 def test_cancel_button_reports_too_late(support_user, zoo):
-    response = admin_client_for(support_user).post(cancel_url(zoo["in_flight"]), follow=True)
+    response = admin_client_for(support_user).post(
+        cancel_url(zoo["in_flight"]), {"confirmed": "1", "reason": "r"}, follow=True
+    )
     assert messages_of(response) == [f"Too late to cancel: {zoo['in_flight'].pk} is EXECUTING."]
 
 
 # --- permissions --------------------------------------------------------------------------
 
 
-def test_staff_without_the_cancel_permission_cannot_cancel(auditor_user, zoo):
+def test_staff_without_the_cancel_permission_get_403(auditor_user, zoo):
     payment = zoo["future"]
     client = admin_client_for(auditor_user)
     listing = client.get(CHANGELIST)
     assert listing.status_code == 200  # the auditor reads
     assert "cancel_selected" not in listing.content.decode()
-    assert 'name="cancel-payment"' not in client.get(change_url(payment)).content.decode()
-    cancel_action(client, payment)
-    assert client.post(cancel_url(payment)).status_code == 403
+    assert 'id="dp-cancel"' not in client.get(change_url(payment)).content.decode()
+    for confirm in ({}, {"confirmed": "1", "reason": "r"}):
+        data = {"action": "cancel_selected", "_selected_action": [payment.pk], **confirm}
+        assert client.post(CHANGELIST, data).status_code == 403
+        assert client.post(cancel_url(payment), confirm).status_code == 403
+    assert client.get(cancel_url(payment)).status_code == 403
     payment.refresh_from_db()
     assert payment.status == PaymentStatus.SCHEDULED
     assert not PaymentEvent.objects.filter(payment=payment, kind=PaymentEvent.Kind.CANCELLED).exists()
+
+
+def registered_actions():
+    """Every (changelist URL, action name) of every ModelAdmin on the site."""
+    for model, model_admin in admin.site._registry.items():
+        url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        for name in model_admin._get_base_actions():
+            yield url, name[1]
+
+
+def test_every_model_admin_refuses_an_action_without_its_permission():
+    assert all(isinstance(a, ActionPermissionAdminMixin) for a in admin.site._registry.values())
+
+
+@pytest.mark.parametrize(("url", "action"), list(registered_actions()))
+def test_an_unpermitted_bulk_action_is_403(url, action, auditor_user, zoo):
+    """An auditor reads every changelist and may run none of its actions (Django would answer
+    "No action selected." and a 200 or redirect, and do nothing)."""
+    client = admin_client_for(auditor_user)
+    data = {"action": action, "_selected_action": [zoo["future"].pk, zoo["future"].from_account_id], "index": "0"}
+    response = client.post(url, data)
+    assert response.status_code == 403, (url, action, response.status_code)
+
+
+def test_an_unknown_bulk_action_is_403(superuser, zoo):
+    client = admin_client_for(superuser)
+    data = {"action": "drop_everything", "_selected_action": [zoo["future"].pk], "index": "0"}
+    assert client.post(CHANGELIST, data).status_code == 403
+    empty = client.post(CHANGELIST, {"action": "", "_selected_action": [zoo["future"].pk], "index": "0"})
+    assert empty.status_code in (200, 302)  # "---------": Django's own "No action selected."
 
 
 def test_staff_without_any_permission_sees_nothing(zoo):
@@ -430,21 +492,25 @@ def test_non_staff_cannot_enter(zoo):
     for url in (CHANGELIST, change_url(zoo["future"]), reverse("admin-dashboard"), reverse("admin:index")):
         response = client.get(url)
         assert response.status_code == 302 and response["Location"].startswith(login), url
-    response = client.post(cancel_url(zoo["future"]))
+    response = client.post(cancel_url(zoo["future"]), {"confirmed": "1", "reason": "r"})
     assert response.status_code == 302 and response["Location"].startswith(login)
     zoo["future"].refresh_from_db()
     assert zoo["future"].status == PaymentStatus.SCHEDULED
 
 
-def test_staff_groups_command_creates_support_and_auditor(staff_groups):
+def test_staff_groups_command_creates_support_auditor_and_treasury(staff_groups):
     call_command("staff_groups", stdout=io.StringIO())  # idempotent
-    support = set(Group.objects.get(name="support").permissions.values_list("codename", flat=True))
-    auditor = set(Group.objects.get(name="auditor").permissions.values_list("codename", flat=True))
+    support, auditor, treasury = (
+        set(Group.objects.get(name=name).permissions.values_list("codename", flat=True))
+        for name in ("support", "auditor", "treasury")
+    )
     assert support == auditor | {"cancel_scheduledpayment", "redrive_scheduledpayment", "pause_recurringpayment"}
     assert auditor == {
         "view_scheduledpayment", "view_executionattempt", "view_paymentevent", "view_recurringpayment",
-        "view_recurringevent", "view_account", "view_transfer",
+        "view_recurringevent", "view_account", "view_transfer", "view_depositrequest", "view_staffaction",
     }
+    # Money: deposits, requests above the threshold, and deciding others' requests (four eyes).
+    assert treasury == auditor | {"deposit_account", "approve_deposit"}
 
 
 # --- dashboard --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from django.utils import timezone
 from common.admin_tools import LatestRowsInlineFormSet
 from payments.models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
 from payments.series import recurring_create, recurring_end, recurring_generate_due
-from payments.services import payment_schedule
+from payments.services import payment_cancel, payment_schedule
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, funded_account
 
@@ -123,6 +123,25 @@ def test_pause_and_resume_actions_call_the_services_as_the_staff_user(support_us
     assert rec.status == RecurringStatus.ACTIVE
     assert ScheduledPayment.objects.filter(recurring=rec, status=PaymentStatus.SCHEDULED).count() == 1
     assert messages_of(action(client, "resume_selected", rec)) == [f"Already ACTIVE: {rec.pk}."]
+
+
+def test_an_occurrence_cancelled_on_its_own_stays_cancelled_across_an_admin_pause_and_resume(support_user, series):
+    rec = series["daily"]
+    (cancelled,) = ScheduledPayment.objects.filter(recurring=rec)
+    payment_cancel(payment_id=cancelled.id, actor=rec.payer)  # the payer skips this one
+    client = admin_client_for(support_user)
+    assert messages_of(action(client, "pause_selected", rec)) == [f"Paused: {rec.pk}."]
+    assert messages_of(client.post(button_url(rec, "resume"), follow=True))
+    rec.refresh_from_db()
+    assert rec.status == RecurringStatus.ACTIVE
+    assert list(ScheduledPayment.objects.filter(recurring=rec).values_list("id", "status")) == [
+        (cancelled.id, PaymentStatus.CANCELLED)
+    ]
+    assert rec.next_occurrence_at == cancelled.occurrence_at + timedelta(days=1)
+    resumed = RecurringEvent.objects.get(recurring=rec, kind="resumed")
+    assert resumed.data["kept_cancelled"] == [
+        {"payment_id": cancelled.id, "occurrence_at": cancelled.occurrence_at.isoformat()}
+    ]
 
 
 def test_pause_and_resume_buttons_on_the_detail_page(support_user, series):

@@ -10,6 +10,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
+from payments.admin import ScheduledPaymentAdmin
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, funded_account, future_payment, parked_payment
@@ -93,7 +94,7 @@ def test_the_payment_page_shows_tries_next_attempt_and_review_reason(support_use
     assert "attempts_exhausted" in html
     assert f'href="{act_url(parked[0], "redrive")}"' in html
     assert f'href="{act_url(parked[0], "resolve")}"' in html
-    assert 'name="cancel-payment"' in html  # its creator, or support, may still cancel it
+    assert 'id="dp-cancel"' in html  # its creator, or support, may still cancel it
 
 
 def test_no_review_buttons_for_a_payment_not_in_review_or_without_the_permission(support_user, auditor_user,
@@ -114,15 +115,15 @@ def test_redrive_button_asks_for_a_reason_then_redrives_once(support_user, parke
     client = admin_client_for(support_user)
     page = client.get(act_url(payment, "redrive"))
     assert page.status_code == 200
-    assert page.templates[0].name == "admin/payments/scheduledpayment/review.html"
+    assert page.templates[0].name == "admin/confirm_act.html"
     assert payment.pk in page.content.decode() and 'name="reason"' in page.content.decode()
     assert status_of(payment) == PaymentStatus.NEEDS_REVIEW  # a GET changes nothing
 
-    missing = client.post(act_url(payment, "redrive"), {"review_confirmed": "1", "reason": " "})
+    missing = client.post(act_url(payment, "redrive"), {"confirmed": "1", "reason": " "})
     assert missing.status_code == 200 and missing.context["form"].errors["reason"]
     assert status_of(payment) == PaymentStatus.NEEDS_REVIEW
 
-    done = client.post(act_url(payment, "redrive"), {"review_confirmed": "1", "reason": "bug fixed"}, follow=True)
+    done = client.post(act_url(payment, "redrive"), {"confirmed": "1", "reason": "bug fixed"}, follow=True)
     assert done.redirect_chain[-1][0] == change_url(payment)
     assert messages_of(done) == [f"Re-driven: {payment.pk}."]
     payment.refresh_from_db()
@@ -130,7 +131,7 @@ def test_redrive_button_asks_for_a_reason_then_redrives_once(support_user, parke
     (event,) = redriven_events(payment)
     assert (event.actor_user, event.data) == (support_user, {"reason": "bug fixed"})
 
-    again = client.post(act_url(payment, "redrive"), {"review_confirmed": "1", "reason": "bug fixed"}, follow=True)
+    again = client.post(act_url(payment, "redrive"), {"confirmed": "1", "reason": "bug fixed"}, follow=True)
     assert messages_of(again) == [f"Already re-driven: {payment.pk}."]
     assert len(redriven_events(payment)) == 1
 
@@ -139,12 +140,12 @@ def test_redrive_at_a_time_sets_next_attempt_at_and_refuses_the_past(support_use
     payment = parked[0]
     client = admin_client_for(support_user)
     past = client.post(act_url(payment, "redrive"),
-                       {"review_confirmed": "1", "reason": "later", "execute_at": "2020-01-01 00:00:00"})
+                       {"confirmed": "1", "reason": "later", "execute_at": "2020-01-01 00:00:00"})
     assert past.status_code == 200 and past.context["form"].errors["execute_at"] == ["Must be in the future."]
     assert status_of(payment) == PaymentStatus.NEEDS_REVIEW
     later = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
     client.post(act_url(payment, "redrive"),
-                {"review_confirmed": "1", "reason": "later", "execute_at": later.strftime("%Y-%m-%d %H:%M:%S")})
+                {"confirmed": "1", "reason": "later", "execute_at": later.strftime("%Y-%m-%d %H:%M:%S")})
     payment.refresh_from_db()
     assert (payment.status, payment.next_attempt_at) == (PaymentStatus.SCHEDULED, later)
 
@@ -152,19 +153,19 @@ def test_redrive_at_a_time_sets_next_attempt_at_and_refuses_the_past(support_use
 def test_resolve_button_ends_the_payment_failed_and_reports_a_repeat(support_user, parked, accounts):
     payment = parked[0]
     client = admin_client_for(support_user)
-    done = client.post(act_url(payment, "resolve"), {"review_confirmed": "1", "reason": "payee gone"}, follow=True)
+    done = client.post(act_url(payment, "resolve"), {"confirmed": "1", "reason": "payee gone"}, follow=True)
     assert messages_of(done) == [f"Resolved as failed: {payment.pk}."]
     payment.refresh_from_db()
     assert (payment.status, payment.failure_reason) == (PaymentStatus.FAILED, "resolved_by_staff")
     event = PaymentEvent.objects.filter(payment=payment).last()
     assert (event.kind, event.actor_user, event.data["reason"]) == ("failed", support_user, "payee gone")
-    again = client.post(act_url(payment, "resolve"), {"review_confirmed": "1", "reason": "payee gone"}, follow=True)
+    again = client.post(act_url(payment, "resolve"), {"confirmed": "1", "reason": "payee gone"}, follow=True)
     assert messages_of(again) == [f"Already resolved as failed: {payment.pk}."]
 
 
 def test_a_button_on_a_payment_not_in_review_reports_it(support_user, scheduled):
     response = admin_client_for(support_user).post(
-        act_url(scheduled, "resolve"), {"review_confirmed": "1", "reason": "no"}, follow=True
+        act_url(scheduled, "resolve"), {"confirmed": "1", "reason": "no"}, follow=True
     )
     assert messages_of(response) == [f"Not in review: {scheduled.pk} is SCHEDULED."]
     assert status_of(scheduled) == PaymentStatus.SCHEDULED
@@ -182,17 +183,18 @@ def test_bulk_redrive_confirms_then_reports_each_payment(support_user, parked, s
     client = admin_client_for(support_user)
     page = act_on(client, "redrive_selected", *parked, scheduled, url=CHANGELIST)
     assert page.status_code == 200
-    assert page.context["payment_ids"] == sorted([parked[0].pk, parked[1].pk, scheduled.pk])
+    assert page.context["object_ids"] == sorted([parked[0].pk, parked[1].pk, scheduled.pk])
+    assert (page.context["count"], page.context["affected"]) == (3, 2)
     assert "not in review: left alone" in page.content.decode()
     assert status_of(parked[0]) == PaymentStatus.NEEDS_REVIEW  # nothing yet
 
-    missing = act_on(client, "redrive_selected", *parked, review_confirmed="1", reason="")
+    missing = act_on(client, "redrive_selected", *parked, confirmed="1", reason="")
     assert missing.context["form"].errors["reason"]
     assert status_of(parked[0]) == PaymentStatus.NEEDS_REVIEW
 
     # Posted back to the queue's filtered list: the scheduled payment, not in it, is still
     # reported, not silently skipped.
-    done = act_on(client, "redrive_selected", *parked, scheduled, review_confirmed="1", reason="fixed")
+    done = act_on(client, "redrive_selected", *parked, scheduled, confirmed="1", reason="fixed")
     assert done.redirect_chain[-1][0] == REVIEW_QUEUE
     text = messages_of(done)
     assert text[0] == f"Re-driven: {', '.join(sorted(p.pk for p in parked))}."
@@ -201,7 +203,7 @@ def test_bulk_redrive_confirms_then_reports_each_payment(support_user, parked, s
     assert listed_ids(done) == []  # the queue is empty now
 
     # The same confirmation posted again (a double click): each is reported, nothing changes.
-    again = act_on(client, "redrive_selected", *parked, review_confirmed="1", reason="fixed")
+    again = act_on(client, "redrive_selected", *parked, confirmed="1", reason="fixed")
     assert messages_of(again) == [f"Already re-driven: {', '.join(sorted(p.pk for p in parked))}."]
     assert all(len(redriven_events(p)) == 1 for p in parked)
 
@@ -209,7 +211,7 @@ def test_bulk_redrive_confirms_then_reports_each_payment(support_user, parked, s
 def test_bulk_resolve_ends_each_payment_failed(support_user, parked):
     client = admin_client_for(support_user)
     assert act_on(client, "resolve_selected", *parked).context["act"].name == "resolve"
-    done = act_on(client, "resolve_selected", *parked, review_confirmed="1", reason="payee gone")
+    done = act_on(client, "resolve_selected", *parked, confirmed="1", reason="payee gone")
     assert messages_of(done) == [f"Resolved as failed: {', '.join(sorted(p.pk for p in parked))}."]
     for payment in parked:
         payment.refresh_from_db()
@@ -217,9 +219,9 @@ def test_bulk_resolve_ends_each_payment_failed(support_user, parked):
 
 
 def test_bulk_review_refuses_an_oversized_selection(support_user, parked, monkeypatch):
-    monkeypatch.setattr("payments.admin.MAX_REVIEW_PER_ACTION", 1)
+    monkeypatch.setattr(ScheduledPaymentAdmin, "max_rows_per_act", 1)
     response = act_on(admin_client_for(support_user), "redrive_selected", *parked)
-    assert messages_of(response) == ["Select at most 1 payments per re-drive; nothing changed."]
+    assert messages_of(response) == ["Select at most 1 scheduled payments per re-drive; nothing changed."]
     assert [status_of(p) for p in parked] == [PaymentStatus.NEEDS_REVIEW] * 2
 
 
@@ -238,8 +240,8 @@ def test_staff_without_the_redrive_permission_get_403(who, auditor_user, parked)
     payment = parked[0]
     for act in ("redrive", "resolve"):
         assert client.get(act_url(payment, act)).status_code == 403
-        assert client.post(act_url(payment, act), {"review_confirmed": "1", "reason": "r"}).status_code == 403
-        for confirm in ({}, {"review_confirmed": "1", "reason": "r"}):
+        assert client.post(act_url(payment, act), {"confirmed": "1", "reason": "r"}).status_code == 403
+        for confirm in ({}, {"confirmed": "1", "reason": "r"}):
             data = {"action": f"{act}_selected", "_selected_action": [payment.pk], **confirm}
             assert client.post(REVIEW_QUEUE, data).status_code == 403
     assert status_of(payment) == PaymentStatus.NEEDS_REVIEW
@@ -249,13 +251,13 @@ def test_staff_without_the_redrive_permission_get_403(who, auditor_user, parked)
 
 def test_a_superuser_may_redrive(superuser, parked):
     response = admin_client_for(superuser).post(
-        act_url(parked[0], "redrive"), {"review_confirmed": "1", "reason": "r"}, follow=True
+        act_url(parked[0], "redrive"), {"confirmed": "1", "reason": "r"}, follow=True
     )
     assert messages_of(response) == [f"Re-driven: {parked[0].pk}."]
 
 
 def test_non_staff_are_sent_to_the_login_page(parked):
     client = admin_client_for(parked[0].payer)
-    response = client.post(act_url(parked[0], "redrive"), {"review_confirmed": "1", "reason": "r"})
+    response = client.post(act_url(parked[0], "redrive"), {"confirmed": "1", "reason": "r"})
     assert response.status_code == 302 and response["Location"].startswith(reverse("admin:login"))
     assert status_of(parked[0]) == PaymentStatus.NEEDS_REVIEW

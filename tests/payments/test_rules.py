@@ -4,8 +4,12 @@ from datetime import UTC, datetime
 import pytest
 
 from payments.rules import (
+    LATEST,
+    MAX_CRON_COUNT,
     Rule,
     RuleError,
+    check_rule,
+    iter_occurrences,
     next_occurrence,
     nth_occurrence,
     occurrences_between,
@@ -124,7 +128,7 @@ def test_shortest_interval():
 @pytest.mark.parametrize("cron", ["0 0 30 2 *", "0 0 31 4 *"])
 def test_a_cron_that_matches_no_date_is_a_rule_error(cron):
     with pytest.raises(RuleError) as err:
-        shortest_interval_seconds(Rule(start_at=utc(2027, 1, 1), cron=cron))
+        check_rule(Rule(start_at=utc(2027, 1, 1), cron=cron))
     assert err.value.field == "cron"
     assert next_occurrence(Rule(start_at=utc(2027, 1, 1), cron=cron), after=utc(2027, 1, 1)) is None
 
@@ -141,7 +145,7 @@ def test_intervals_longer_than_ten_years_are_refused(text):
     "rule",
     [
         Rule(start_at=utc(9995, 1, 1), interval="P2Y"),
-        Rule(start_at=utc(9999, 12, 31), interval="PT23H"),
+        Rule(start_at=utc(9999, 12, 28), interval="PT23H"),
         Rule(start_at=utc(9995, 1, 1), cron="0 0 1 1 *"),
     ],
     ids=["calendar", "clock", "cron"],
@@ -149,9 +153,87 @@ def test_intervals_longer_than_ten_years_are_refused(text):
 def test_a_series_ends_at_the_last_representable_instant_instead_of_raising(rule):
     moments = series(rule, 10)
     assert 1 <= len(moments) < 10
+    assert moments[-1] <= LATEST
     assert next_occurrence(rule, after=moments[-1]) is None
 
 
 def test_a_count_reaching_past_year_9999_does_not_raise():
     assert nth_occurrence(Rule(start_at=utc(2027, 1, 1), interval="P1Y"), 10_000) is None
-    assert nth_occurrence(Rule(start_at=utc(2027, 1, 1), cron="0 0 1 1 *"), 10_000) is None
+    assert nth_occurrence(Rule(start_at=utc(9500, 1, 1), cron="0 0 1 1 *"), MAX_CRON_COUNT) is None
+
+
+# --- the bounds (issue 14): the calendar, rare cron rules, counts ---------------------------
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        Rule(start_at=datetime.min.replace(tzinfo=UTC), interval="P1D"),
+        Rule(start_at=utc(1969, 12, 31, 23, 59, 59), cron="0 0 * * *"),
+        Rule(start_at=utc(9999, 12, 31, 23), cron="0 0 * * *", timezone="Pacific/Kiritimati"),
+        Rule(start_at=datetime.max.replace(tzinfo=UTC), interval="PT1H"),
+    ],
+    ids=["year-1", "before-1970", "9999-kiritimati", "max"],
+)
+def test_a_start_outside_the_calendar_is_a_start_at_error_everywhere(rule):
+    with pytest.raises(RuleError) as err:
+        check_rule(rule)
+    assert err.value.field == "start_at"
+    for call in (lambda: next_occurrence(rule, after=utc(2027, 1, 1)), lambda: nth_occurrence(rule, 3)):
+        with pytest.raises(RuleError) as err:
+            call()
+        assert err.value.field == "start_at"
+
+
+@pytest.mark.parametrize("cron", ["0 0 29 2 *", "0 0 * 2 1#5", "0 0 31 2,4 *"])
+def test_a_cron_that_fires_less_than_once_a_year_is_refused(cron):
+    with pytest.raises(RuleError) as err:
+        check_rule(Rule(start_at=utc(2027, 1, 1), cron=cron))
+    assert err.value.field == "cron"
+    assert "366 days" in str(err.value)
+
+
+def test_a_yearly_cron_and_one_whose_day_fields_are_ored_are_accepted():
+    check_rule(Rule(start_at=utc(2027, 1, 1), cron="0 0 1 1 *"))
+    check_rule(Rule(start_at=utc(2027, 1, 1), cron="0 0 29 2 1"))  # Feb 29 or any Monday in February
+
+
+def test_a_cron_count_is_capped_and_an_interval_count_is_not():
+    with pytest.raises(RuleError) as err:
+        nth_occurrence(Rule(start_at=utc(2027, 1, 1), cron="0 0 29 2 1"), MAX_CRON_COUNT + 1)
+    assert err.value.field == "count"
+    assert nth_occurrence(Rule(start_at=utc(2027, 1, 1), interval="P1D"), 10_000) == utc(2054, 5, 18)
+
+
+def test_a_day_a_time_zone_skipped_pays_once():
+    # Samoa skipped 2011-12-30: noon on the 30th and noon on the 31st are the same instant.
+    rule = Rule(start_at=datetime(2011, 12, 28, 22, tzinfo=UTC), interval="P1D", timezone="Pacific/Apia")
+    assert [m.isoformat() for m in series(rule, 4, after=utc(2011, 12, 1))] == [
+        "2011-12-28T22:00:00+00:00",
+        "2011-12-29T22:00:00+00:00",
+        "2011-12-30T22:00:00+00:00",
+        "2011-12-31T22:00:00+00:00",
+    ]
+
+
+def test_a_clock_change_never_brings_two_occurrences_closer_than_the_minimum():
+    # Monrovia moved from -00:44:30 to UTC on 1972-01-07: every minute of wall clock, but
+    # 00:45 would fire 30 s after the instant the gap ends at. Left out.
+    rule = Rule(start_at=utc(1972, 1, 6), cron="* * * * *", timezone="Africa/Monrovia", min_gap=60)
+    moments = list(itertools.islice(iter_occurrences(rule, after=utc(1972, 1, 7, 0, 42)), 4))
+    assert [m.isoformat() for m in moments] == [
+        "1972-01-07T00:42:30+00:00",
+        "1972-01-07T00:43:30+00:00",
+        "1972-01-07T00:44:30+00:00",
+        "1972-01-07T00:46:00+00:00",
+    ]
+
+
+def test_a_repeated_hour_fires_once_also_when_asked_from_its_second_pass():
+    # Berlin, 2027-10-31: 02:00-03:00 happens twice (00:00-01:00 and 01:00-02:00 UTC).
+    rule = Rule(start_at=utc(2027, 10, 30), cron="*/20 * * * *", timezone=BERLIN)
+    first_pass = list(itertools.islice(iter_occurrences(rule, after=utc(2027, 10, 31, 0, 30)), 3))
+    assert [m.isoformat() for m in first_pass] == [
+        "2027-10-31T00:40:00+00:00", "2027-10-31T02:00:00+00:00", "2027-10-31T02:20:00+00:00",
+    ]
+    assert next_occurrence(rule, after=utc(2027, 10, 31, 1, 10)) == utc(2027, 10, 31, 2)

@@ -4,6 +4,7 @@
 import time
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import make_password
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
@@ -72,7 +73,9 @@ class Command(BaseCommand):
     def handle(self, *args, payments, accounts, **options):
         if ScheduledPayment.objects.exists():
             raise CommandError("the database already has payments; synthesize_history only fills an empty one")
-        owner, _ = get_user_model().objects.get_or_create(username="synthetic", defaults={"password": "!"})
+        owner, _ = get_user_model().objects.get_or_create(
+            username="synthetic", defaults={"password": make_password(None)}
+        )
         params = {"payments": payments, "accounts": accounts, "owner": owner.pk}
         started = time.monotonic()
         with transaction.atomic(), connection.cursor() as cur:

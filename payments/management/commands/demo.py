@@ -4,12 +4,13 @@ import os
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
 from common.ids import new_id
-from ledger.models import Account
-from ledger.services import account_create, ledger_deposit
+from ledger.models import Account, DepositRequest
+from ledger.services import account_create, deposit_request_create, ledger_deposit
 from payments.services import payment_cancel, payment_schedule
 
 
@@ -38,6 +39,24 @@ class Command(BaseCommand):
             people[name] = (user, account)
 
         (alice, alice_acc), (bob, bob_acc) = people["alice"], people["bob"]
+
+        # Four-eyes money: two treasury staff (the group comes from `staff_groups`), and a
+        # deposit above DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD one of them asked for, waiting
+        # in the admin for the other's approval.
+        treasury = Group.objects.filter(name="treasury").first()
+        treasurers = []
+        for name in ("treasurer", "approver"):
+            user, created = User.objects.get_or_create(username=name, defaults={"is_staff": True})
+            if created:
+                user.set_password(password)
+                user.save()
+                if treasury is not None:
+                    user.groups.add(treasury)
+            treasurers.append(user)
+        if not DepositRequest.objects.filter(account=bob_acc).exists():
+            deposit_request_create(
+                account_id=bob_acc.id, amount=50_000, actor=treasurers[0], reason="demo: a top-up awaiting approval"
+            )
         now = timezone.now()
         scheduled = []
         for i, amount in enumerate((100, 250, 400, 50, 75), start=1):
@@ -63,7 +82,8 @@ class Command(BaseCommand):
             f" (will fail), {doomed.id} cancelled"
         ))
         self.stdout.write(
-            "users alice, bob and admin (staff); password from DELAYPAY_DEMO_PASSWORD (default demo-password)\n"
+            "users alice, bob, admin (superuser), treasurer and approver (treasury staff: a 50,000 deposit"
+            " request by treasurer waits for approver); password from DELAYPAY_DEMO_PASSWORD (default demo-password)\n"
             "admin: http://127.0.0.1:8000/admin/\n"
             "token: curl -s -X POST -H 'Content-Type: application/json'"
             " -d '{\"username\": \"alice\", \"password\": \"demo-password\"}' http://127.0.0.1:8000/api/v1/auth/token\n"

@@ -16,6 +16,8 @@ VIEW = [
     "payments.view_recurringevent",
     "ledger.view_account",
     "ledger.view_transfer",
+    "ledger.view_depositrequest",
+    "ledger.view_staffaction",
 ]
 
 STAFF_GROUPS: dict[str, list[str]] = {
@@ -29,6 +31,14 @@ STAFF_GROUPS: dict[str, list[str]] = {
     ],
     # Reads everything, changes nothing.
     "auditor": VIEW,
+    # Reads everything; deposits up to DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD at once, requests
+    # larger deposits, and approves or rejects other members' requests (four eyes: the
+    # services refuse a decision on one's own request, so two members are needed).
+    "treasury": [
+        *VIEW,
+        "ledger.deposit_account",
+        "ledger.approve_deposit",
+    ],
 }
 
 
@@ -52,7 +62,10 @@ def staff_groups_sync() -> dict[str, int]:
 
 
 class Command(BaseCommand):
-    help = 'Create or update the "support" (view, cancel, re-drive, pause) and "auditor" (view only) staff groups.'
+    help = (
+        'Create or update the "support" (view, cancel, re-drive, pause), "auditor" (view only) and "treasury"'
+        " (view, deposit, approve deposits) staff groups."
+    )
 
     def handle(self, *args, **options):
         for name, count in staff_groups_sync().items():

@@ -91,6 +91,7 @@ DOMAIN_ERRORS = [
     (domain.PaymentValidationError({"amount": ["Too big."]}), 400),
     (domain.IdempotencyKeyRequired(), 400),
     (domain.IdempotencyKeyInvalid(), 400),
+    (domain.IdempotencyKeyRepeated(), 400),
     (domain.InvalidCredentials(), 400),
     (domain.StaffActionForbidden(), 403),
     (domain.PaymentCancelForbidden(), 403),
@@ -104,6 +105,10 @@ DOMAIN_ERRORS = [
     (domain.RecurringStateError("ENDED"), 409),
     (domain.IdempotencyKeyReused(), 409),
     (domain.IdempotencyKeyInUse(), 409),
+    (domain.SystemAccountPayee(), 400),
+    (domain.PendingPaymentsLimit("At the limit.", limit=3, usage=3), 409),
+    (domain.ActiveSeriesLimit("At the limit.", limit=2, usage=2), 409),
+    (domain.DailyOutflowLimit("Over the limit.", limit=100, usage=90, requested=20, day="2030-01-01"), 409),
     (DepositRefused("The deposit was rejected: account_closed.", reason="account_closed"), 409),
     (domain.VersionMismatch(3), 412),
 ]

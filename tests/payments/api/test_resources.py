@@ -55,10 +55,10 @@ def test_other_users_account_is_404(api):
 def test_deposit_is_staff_only_and_idempotent(api, staff_api, user):
     account = funded_account(owner=user)
     url = f"/api/v1/accounts/{account.id}/deposits"
-    assert post(api, url, {"amount": 10}, key="d1").status_code == 403
-    first = post(staff_api, url, {"amount": 10}, key="d1")
+    assert post(api, url, {"amount": 10, "reason": "r"}, key="d1").status_code == 403
+    first = post(staff_api, url, {"amount": 10, "reason": "r"}, key="d1")
     assert first.status_code == 201
-    replay = post(staff_api, url, {"amount": 10}, key="d1")
+    replay = post(staff_api, url, {"amount": 10, "reason": "r"}, key="d1")
     assert replay.status_code == 201
     assert replay.content == first.content
     assert replay["Idempotent-Replayed"] == "true"
@@ -68,7 +68,7 @@ def test_deposit_is_staff_only_and_idempotent(api, staff_api, user):
 
 def test_a_deposit_answers_its_ledger_key_and_the_balance_right_after(staff_api):
     account = funded_account(balance=7)
-    response = post(staff_api, f"/api/v1/accounts/{account.id}/deposits", {"amount": 10}, key="d1")
+    response = post(staff_api, f"/api/v1/accounts/{account.id}/deposits", {"amount": 10, "reason": "r"}, key="d1")
     assert response.status_code == 201
     body = response.json()
     transfer = Transfer.objects.get(key=body["deposit_id"])
@@ -89,7 +89,7 @@ def test_a_deposit_into_a_system_account_is_409_before_the_key_or_the_body_is_re
 def test_a_deposit_into_a_closed_account_is_409_and_keeps_no_key(staff_api):
     account = funded_account()
     account_set_status(account_id=account.id, status=Account.Status.CLOSED)
-    response = post(staff_api, f"/api/v1/accounts/{account.id}/deposits", {"amount": 5}, key="d1")
+    response = post(staff_api, f"/api/v1/accounts/{account.id}/deposits", {"amount": 5, "reason": "r"}, key="d1")
     assert response.status_code == 409
     assert response.json() == {"code": "deposit_rejected", "detail": "The deposit was rejected: account_closed."}
     assert not Transfer.objects.filter(credit_account_id=account.id).exists()
@@ -160,12 +160,13 @@ def test_get_payment_with_attempts(api, user):
                          "executed_at", "failure_reason", "attempts"}
 
 
-def test_payment_of_someone_else_is_404_but_staff_sees_it(api, staff_api):
+def test_payment_of_someone_else_is_404_but_staff_with_the_view_permission_see_it(api, staff_api, auditor_user):
     source, target = funded_account(balance=5), funded_account()
     payment = due_payment(source=source, target=target, amount=5)
     assert api.get(f"/api/v1/payments/{payment.id}").status_code == 404
     assert api.delete(f"/api/v1/payments/{payment.id}").status_code == 404
-    assert staff_api.get(f"/api/v1/payments/{payment.id}").status_code == 200
+    assert staff_api.get(f"/api/v1/payments/{payment.id}").status_code == 404  # staff, but no payments.view_*
+    assert client_for(auditor_user).get(f"/api/v1/payments/{payment.id}").status_code == 200
 
 
 def test_cancel_then_cancel_again_then_too_late(api, user):

@@ -28,10 +28,15 @@ def parked(settings, accounts):
     return parked_payment(settings, source=accounts[0], target=accounts[1])
 
 
-def reviewer_with_permission():
+def staff_with(*codenames: str):
     user = UserFactory(is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="redrive_scheduledpayment"))
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames, content_type__app_label="payments"))
     return user
+
+
+def reviewer_with_permission():
+    """Staff who may read every payment and re-drive or resolve it."""
+    return staff_with("view_scheduledpayment", "redrive_scheduledpayment")
 
 
 @pytest.fixture
@@ -165,9 +170,12 @@ def test_resolve_after_a_redrive_is_409(parked, reviewer_api):
 
 
 @pytest.mark.parametrize("act", [redrive, resolve])
-def test_the_creator_and_staff_without_the_permission_get_403_strangers_404(act, parked):
+def test_the_creator_and_staff_who_may_only_read_get_403_strangers_404(act, parked):
     assert_error(act(client_for(parked.payer), parked), 403, "permission_denied")
-    assert_error(act(client_for(UserFactory(is_staff=True)), parked), 403, "permission_denied")
+    assert_error(act(client_for(staff_with("view_scheduledpayment")), parked), 403, "permission_denied")
+    # Staff who may not read the payment are strangers to it, whatever else they may do.
+    assert_error(act(client_for(UserFactory(is_staff=True)), parked), 404, "not_found")
+    assert_error(act(client_for(staff_with("redrive_scheduledpayment")), parked), 404, "not_found")
     assert_error(act(client_for(UserFactory()), parked), 404, "not_found")
     assert_error(act(client_for(None), parked), 401, "not_authenticated")
     assert_error(act(client_for(reviewer_with_permission()), ScheduledPayment(id="pay_nope")), 404, "not_found")

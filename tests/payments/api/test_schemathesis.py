@@ -17,7 +17,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 from schemathesis.specs.openapi.checks import positive_data_acceptance, use_after_free
 
 from common.ids import new_id
@@ -122,11 +122,14 @@ schema.hook("flatmap_body")(_schedule_from_own_account)
 
 @pytest.fixture
 def token(db):
-    """A staff user (so deposits and every read succeed, not only fail) who owns an
-    account, plus a target account, a scheduled payment and an active recurring payment,
-    under known ids."""
+    """A staff user (so deposits and every read succeed, not only fail: the deposit
+    permission and every view permission) who owns an account, plus a target account, a
+    scheduled payment and an active recurring payment, under known ids."""
     staff = UserFactory(is_staff=True)
-    staff.user_permissions.add(Permission.objects.get(codename="deposit_account", content_type__app_label="ledger"))
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename="deposit_account", content_type__app_label="ledger"),
+        *Permission.objects.filter(codename__startswith="view_", content_type__app_label__in=["ledger", "payments"]),
+    )
     Account.objects.create(id=OWN_ACCOUNT, owner=staff, name="own")
     ledger_deposit(key=new_id("dep"), account_id=OWN_ACCOUNT, amount=1000)
     Account.objects.create(id=TARGET_ACCOUNT, owner=UserFactory(), name="target")
@@ -139,7 +142,8 @@ def token(db):
         id=RECURRING, payer=staff, from_account_id=OWN_ACCOUNT, to_account_id=TARGET_ACCOUNT, amount=1,
         start_at=tomorrow, interval="P1D", next_occurrence_at=tomorrow,
     )
-    return Token.objects.create(user=staff).key
+    _, key = AuthToken.objects.create(staff)
+    return key
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -261,7 +261,7 @@ def test_account_name_is_validated_too(api, user):
 @pytest.mark.parametrize("amount", [0, 1.5, "10", None, settings.DELAYPAY_MAX_AMOUNT + 1])
 def test_deposit_amount_is_validated(staff_api, amount):
     account = funded_account()
-    response = post(staff_api, f"/api/v1/accounts/{account.id}/deposits", {"amount": amount}, key="k")
+    response = post(staff_api, f"/api/v1/accounts/{account.id}/deposits", {"amount": amount, "reason": "r"}, key="k")
     body = assert_error(response, 400, "validation_error")
     assert "amount" in body["fields"]
     account.refresh_from_db()

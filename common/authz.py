@@ -1,0 +1,30 @@
+"""Who may read or act on someone else's objects: the one rule the API shares with the admin.
+
+Everyone reads and acts on their own objects (the selectors say what "own" is). Staff
+reach someone else's only through a model permission, the one the admin asks for:
+
+* reading needs the model's view permission (or its change permission: the admin's
+  ``has_view_permission`` counts either);
+* an act (cancel, re-drive, pause, deposit, ...) needs the act's permission, and is done
+  only on an object the user may read.
+
+``is_staff`` alone grants nothing: a staff user without the permission is an ordinary
+user for that read or act. Superusers hold every permission.
+"""
+
+from django.contrib.auth import get_permission_codename
+
+
+def staff_may(user, permission: str) -> bool:
+    """Whether ``user`` (None or anonymous: no) is staff holding ``permission``
+    (``"<app_label>.<codename>"``)."""
+    return bool(getattr(user, "is_staff", False) and user.has_perm(permission))
+
+
+def staff_may_view(user, model) -> bool:
+    """Whether ``user`` may read every row of ``model``, as in the admin: staff with the
+    model's view or change permission."""
+    opts = model._meta
+    return any(
+        staff_may(user, f"{opts.app_label}.{get_permission_codename(action, opts)}") for action in ("view", "change")
+    )
