@@ -98,6 +98,12 @@ recurring_generation_failures_total = Counter(
     "again next tick), by reason: lock_timeout, deadlock, serialization, timeout, database, rule, error.",
     ["reason"],
 )
+# Every label value exported from the start (at 0), so rate() and the alerts see a series
+# before the first failure or refusal, in every process.
+for _reason in ("lock_timeout", "deadlock", "serialization", "timeout", "database", "rule", "error"):
+    recurring_generation_failures_total.labels(reason=_reason)
+for _code in ("limit_pending_payments", "limit_active_series", "limit_daily_outflow", "system_account"):
+    limit_refusals_total.labels(limit=_code)
 
 
 def observe_many(histogram: Histogram, values: list[float]) -> None:
