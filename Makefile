@@ -49,7 +49,7 @@ run: install services metrics-dir
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py migrate --noinput
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py staff_groups
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py demo
-	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/honcho start -p $(PORT) web worker promoter beat
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/honcho start -p $(PORT) web worker promoter webhooks beat
 
 # Flower (optional): the Celery monitoring UI on http://127.0.0.1:5555 (FLOWER_PORT).
 flower: install
@@ -99,7 +99,7 @@ chaos-ci: install
 # [tool.bandit] lists the checks skipped and why; single findings carry "# nosec" with a reason).
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/bandit --quiet --configfile pyproject.toml --recursive common delaypay devtools ledger payments
+	$(BIN)/bandit --quiet --configfile pyproject.toml --recursive common delaypay devtools ledger payments webhooks
 
 # Production settings must pass Django's deployment checklist.
 check-deploy: install

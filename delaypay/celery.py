@@ -1,4 +1,6 @@
-"""The Celery application: promoter on its own queue, executors on "execute"."""
+"""The Celery application: promoter on its own queue, executors on "execute", the webhook
+dispatcher on "webhooks" (a thread pool: it waits on receivers). Routes and the beat
+schedule are in settings (CELERY_TASK_ROUTES, CELERY_BEAT_SCHEDULE)."""
 
 import functools
 import os

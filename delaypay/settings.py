@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI assets served from our own static files (no CDN)
     "ledger",
     "payments",
+    "webhooks",
     # Development and verification tools (bench, chaos, synthesize_history,
     # admin_page_timings): management commands only, no models, nothing the product imports.
     "devtools",
@@ -254,6 +255,8 @@ SPECTACULAR_SETTINGS = {
         "ErrorCodeEnum": "payments.api.errors.ERROR_CODE_CHOICES",
         "RecurringStatusEnum": "payments.models.RecurringStatus",
         "ErrorStatusEnum": "payments.api.schema.ERROR_STATUS_CHOICES",
+        "WebhookEventTypeEnum": "webhooks.serializers.EVENT_TYPE_CHOICES",
+        "WebhookDeliveryStatusEnum": "webhooks.models.DeliveryStatus",
     },
     "PATH_CONVERTER_OVERRIDES": {"public_id": {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}},
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -293,6 +296,8 @@ CELERY_TASK_DEFAULT_QUEUE = "execute"
 CELERY_TASK_ROUTES = {
     "payments.tasks.promoter_tick": {"queue": "promoter"},
     "payments.tasks.execute_batch": {"queue": "execute"},
+    # HTTP waits on receivers never hold the promoter's tick or the payment workers.
+    "webhooks.tasks.dispatch": {"queue": "webhooks"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -320,6 +325,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": PROMOTER_TICK_SECONDS,
         # A tick that waited longer than one period is worthless: drop it.
         "options": {"queue": "promoter", "expires": PROMOTER_TICK_SECONDS},
+    },
+    # Webhooks (webhooks/dispatcher.py): fan out new events and deliver what is due.
+    "webhooks-dispatch": {
+        "task": "webhooks.tasks.dispatch",
+        "schedule": PROMOTER_TICK_SECONDS,
+        "options": {"queue": "webhooks", "expires": PROMOTER_TICK_SECONDS},
     },
     # Daily invariant check; logs ERROR per violated check. On the execute queue, never
     # the promoter's: a long reconcile must not delay a tick.
@@ -378,6 +389,23 @@ DELAYPAY_MAX_DAILY_OUTFLOW_PER_USER = _per_user_cap("DELAYPAY_MAX_DAILY_OUTFLOW_
 DELAYPAY_FALLBACK_ENABLED = env.bool("DELAYPAY_FALLBACK_ENABLED", default=True)
 DELAYPAY_FALLBACK_AFTER_SECONDS = env.float("DELAYPAY_FALLBACK_AFTER_SECONDS", default=5.0)
 DELAYPAY_FALLBACK_BATCHES_PER_TICK = env.int("DELAYPAY_FALLBACK_BATCHES_PER_TICK", default=4)
+
+# Webhooks (webhooks/, docs/reference/configuration.md): plain http and private addresses
+# only for the hosts listed here (or when DEBUG); HTTP timeout per try; an endpoint failing
+# for DISABLE_AFTER_DAYS without a success is disabled. Each dispatch claims FANOUT_BATCH
+# events and DELIVERY_BATCH due deliveries (leased for LEASE_SECONDS, delivered by
+# DELIVERY_THREADS at once) and goes on for BUDGET_SECONDS while work remains. The ladder
+# is the wait before retry 1, 2, ... (2.9 days in all), each +-20 % jitter.
+DELAYPAY_WEBHOOK_ALLOW_HOSTS = [h.strip().lower() for h in env.list("DELAYPAY_WEBHOOK_ALLOW_HOSTS", default=[])]
+DELAYPAY_WEBHOOK_TIMEOUT_SECONDS = env.float("DELAYPAY_WEBHOOK_TIMEOUT_SECONDS", default=10.0)
+DELAYPAY_WEBHOOK_DISABLE_AFTER_DAYS = env.float("DELAYPAY_WEBHOOK_DISABLE_AFTER_DAYS", default=5.0)
+DELAYPAY_WEBHOOK_FANOUT_BATCH = env.int("DELAYPAY_WEBHOOK_FANOUT_BATCH", default=500)
+DELAYPAY_WEBHOOK_DELIVERY_BATCH = env.int("DELAYPAY_WEBHOOK_DELIVERY_BATCH", default=64)
+DELAYPAY_WEBHOOK_DELIVERY_THREADS = env.int("DELAYPAY_WEBHOOK_DELIVERY_THREADS", default=16)
+DELAYPAY_WEBHOOK_LEASE_SECONDS = env.float("DELAYPAY_WEBHOOK_LEASE_SECONDS", default=120.0)
+DELAYPAY_WEBHOOK_BUDGET_SECONDS = env.float("DELAYPAY_WEBHOOK_BUDGET_SECONDS", default=5.0)
+_WEBHOOK_LADDER = ["5", "300", "1800", "7200", "18000", "36000", "36000", "50400", "50400", "50400"]
+DELAYPAY_WEBHOOK_RETRY_DELAYS = [float(d) for d in env.list("DELAYPAY_WEBHOOK_RETRY_DELAYS", default=_WEBHOOK_LADDER)]
 
 # --- Operations: metrics, readiness, logs (docs/reference/operations.md) --------------------
 

@@ -16,6 +16,7 @@ from common import prometheus
 from delaypay import health
 from payments.api.errors import error_body
 from payments.metrics import ScheduleCollector
+from webhooks.metrics import WebhookCollector
 
 
 def read_only(view):
@@ -66,4 +67,4 @@ def metrics(request):
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
     collector = ScheduleCollector(counts_max_age=settings.DELAYPAY_METRICS_CACHE_SECONDS)
-    return HttpResponse(prometheus.render([collector]), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(prometheus.render([collector, WebhookCollector()]), content_type=CONTENT_TYPE_LATEST)

@@ -13,6 +13,15 @@ TigerBeetle-style invariant check at the end).
    the seed and the options, so a failing seed replays the same fault schedule.
 4. Stop injecting, wait until every payment is terminal, run the reconciliation and an
    independent balance model, and print one line of figures.
+
+Webhooks ride along (``--no-webhooks`` leaves them out): every chaos user has an endpoint
+subscribed to every event type, pointing at a real receiver process
+(devtools/webhook_receiver.py) that verifies each signature and answers 500 to the first
+``--webhook-fail-first`` tries of a ``--webhook-fail-share`` of the events; the ``webhooks`` process runs under the
+supervisor, is SIGKILLed by the plan (``kill_webhooks``) and the receiver goes away for a
+while (``receiver_down``). At the end the harness waits for the webhook backlog to drain
+and checks that every terminal payment produced exactly one event of its terminal type
+and at least one verified, successful delivery.
 """
 
 import hashlib
@@ -37,6 +46,7 @@ from django.db import InterfaceError, OperationalError, connection, connections,
 from common.ids import new_id
 from devtools.processes import Stack
 from devtools.sandbox import PrivatePostgres, PrivateRedis, pick_port
+from devtools.webhook_receiver import ReceiverProcess, Summary
 from ledger.models import Account
 from ledger.services import Posting, ledger_post_batch
 from payments.exceptions import PaymentNotCancellable
@@ -44,6 +54,8 @@ from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
 from payments.services import db_now, payment_cancel
 from payments.tasks import execute_batch
+from webhooks.events import EVENT_TYPES
+from webhooks.models import Endpoint
 
 logger = logging.getLogger("devtools.chaos")
 
@@ -72,6 +84,23 @@ EXTRA_WEIGHTS: dict[str, float] = {
     "redeliver": 1,
 }
 
+
+# With webhooks: faults drawn from their own RNG stream on top of the plan above, so a
+# seed replays the same core plan with or without them.
+WEBHOOK_FAULTS: dict[str, int] = {
+    "kill_webhooks": 2,  # SIGKILL the webhooks (dispatcher) process; the supervisor restarts it
+    "receiver_down": 1,  # the receiver killed (connections refused) and restarted on its port
+}
+
+# The processes' webhook settings in a run: a ladder of seconds, not hours, that still
+# outlasts every outage the plan draws (3.5 minutes in all), and a lease short enough
+# for a killed dispatcher's deliveries to come back within the run (lease > timeout + 5 s).
+WEBHOOK_ENV = {
+    "DELAYPAY_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",
+    "DELAYPAY_WEBHOOK_RETRY_DELAYS": "1,2,4,8,15,30,60,90",
+    "DELAYPAY_WEBHOOK_TIMEOUT_SECONDS": "3",
+    "DELAYPAY_WEBHOOK_LEASE_SECONDS": "10",
+}
 
 # The faults that take a service down, by service.
 OUTAGE_KINDS = {"redis": ("restart_redis", "long_broker_outage"), "postgres": ("restart_postgres",)}
@@ -108,6 +137,10 @@ class Options:
     # leases from t+0.5 s (payments fall due while nobody executes them), then restarted.
     workers_down_leases: float = 0.0
     converge_timeout: float = 300.0
+    webhooks: bool = True  # a receiver, an endpoint per user, the webhooks process and its checks
+    webhook_fail_first: int = 1  # the receiver answers 500 to the first N tries of an event ...
+    webhook_fail_share: float = 0.1  # ... for this share of the events (each failure is one more request)
+    webhook_drain_timeout: float = 120.0  # after convergence, seconds for every event to be delivered
     pg_port: int = 55432
     redis_port: int = 56379
     cluster: str = "delaypay_chaos"
@@ -121,6 +154,18 @@ def burst_offsets(window: float) -> list[float]:
 
 
 BURST_SHARE = 0.4  # of the payments, split over the bursts; the rest fall due uniformly
+
+
+def webhook_fault_plan(options: Options) -> list[Fault]:
+    """The webhook faults (none without webhooks or without faults), from their own stream."""
+    if not options.webhooks or options.faults == 0:
+        return []
+    rng = random.Random(f"webhook-faults:{options.seed}")
+    durations = {"kill_webhooks": lambda: rng.uniform(0.5, 3.0), "receiver_down": lambda: rng.uniform(1.0, 4.0)}
+    return [
+        Fault(at=round(rng.uniform(0.5, options.window), 2), kind=kind, target=0, duration=round(durations[kind](), 2))
+        for kind, n in WEBHOOK_FAULTS.items() for _ in range(n)
+    ]
 
 
 def fault_plan(options: Options) -> list[Fault]:
@@ -175,7 +220,7 @@ def fault_plan(options: Options) -> list[Fault]:
                 if fault.at < ready:
                     faults[i] = fault = Fault(round(ready, 2), fault.kind, fault.target, fault.duration)
                 ready = fault.at + fault.duration + 2.0
-    return sorted(faults + workers_down, key=lambda f: (f.at, f.kind))
+    return sorted(faults + workers_down + webhook_fault_plan(options), key=lambda f: (f.at, f.kind))
 
 
 def plan_digest(plan: list[Fault]) -> str:
@@ -188,6 +233,7 @@ class Workload:
     payments: dict[str, tuple[str, str, int]]  # payment id -> (from, to, amount)
     cancels: list[tuple[float, str]]  # (seconds after the first due time, payment id)
     first_due: float  # time.time() of the first due instant
+    endpoint_secrets: list[str] = field(default_factory=list)  # one webhook endpoint per user
 
 
 def db_retry(fn, *, timeout: float = 120.0):
@@ -203,9 +249,10 @@ def db_retry(fn, *, timeout: float = 120.0):
             time.sleep(0.5)
 
 
-def build_workload(options: Options, *, lead_seconds: float) -> Workload:
+def build_workload(options: Options, *, lead_seconds: float, webhook_url: str | None = None) -> Workload:
     """Accounts, deposits and payments, written the way the services write them but in
-    bulk (one service call per payment would take longer than the due window)."""
+    bulk (one service call per payment would take longer than the due window); with a
+    ``webhook_url``, an endpoint per user subscribed to every event type."""
     rng = random.Random(f"workload:{options.seed}")
     n_accounts = options.accounts or max(20, options.payments // 20)
     User = get_user_model()
@@ -216,6 +263,10 @@ def build_workload(options: Options, *, lead_seconds: float) -> Workload:
         )
         accounts = Account.objects.bulk_create(
             [Account(id=new_id("acc"), owner=u, name=f"chaos {i}", kind=Account.Kind.USER) for i, u in enumerate(users)]
+        )
+        endpoints = Endpoint.objects.bulk_create(
+            [Endpoint(owner=u, url=webhook_url, events=list(EVENT_TYPES), description="chaos") for u in users]
+            if webhook_url else []
         )
     ids = [a.id for a in accounts]
     owners = {a.id: a.owner for a in accounts}
@@ -268,7 +319,8 @@ def build_workload(options: Options, *, lead_seconds: float) -> Workload:
     chosen = rng.sample(range(len(planned)), int(len(planned) * options.cancel_ratio))
     pids = list(payments)
     cancels = sorted((max(0.0, planned[i][0] + rng.uniform(-1.0, 0.5)), pids[i]) for i in chosen)
-    return Workload(deposits=deposits, payments=payments, cancels=cancels, first_due=first_due)
+    return Workload(deposits=deposits, payments=payments, cancels=cancels, first_due=first_due,
+                    endpoint_secrets=[e.secret for e in endpoints])
 
 
 @dataclass
@@ -283,6 +335,8 @@ class Figures:
     cancel_answers: dict[str, str] = field(default_factory=dict)  # payment id -> answered status
     redis_outages: list[tuple] = field(default_factory=list)  # (db time down, db time up)
     long_outages: list[int] = field(default_factory=list)  # which of redis_outages were long_broker_outage
+    webhooks_drained: bool = False
+    webhook_drain_seconds: float = 0.0
 
 
 class Injector:
@@ -290,10 +344,11 @@ class Injector:
     core processes running the way a supervisor (systemd, Kubernetes) would."""
 
     def __init__(self, *, stack: Stack, pg: PrivatePostgres, redis: PrivateRedis, options: Options,
-                 figures: Figures, workers: list[str]):
+                 figures: Figures, workers: list[str], receiver: ReceiverProcess | None = None):
         self.stack, self.pg, self.redis, self.options, self.figures = stack, pg, redis, options, figures
         self.workers = workers
-        self.core = [*workers, "promoter", "beat"]
+        self.receiver = receiver
+        self.core = [*workers, "promoter", "beat", *(["webhooks"] if receiver is not None else [])]
         self.down: set[str] = set()  # deliberately stopped, not for the supervisor to restart
         self.paused: dict[str, int] = {}  # name -> process group we stopped
         self.lock = threading.RLock()  # the zombie thread and the plan both touch the stack
@@ -309,6 +364,8 @@ class Injector:
             self.stack.start_worker(name, concurrency=self.options.concurrency)
         elif name.startswith("promoter"):
             self.stack.start_promoter(name)
+        elif name.startswith("webhooks"):
+            self.stack.start_webhooks(name)
         else:
             self.stack.start_beat(name)
 
@@ -441,8 +498,10 @@ class Injector:
                 return self._skip(fault)
             os.kill(children[fault.target % len(children)], signal.SIGKILL)
             return []
-        if kind in ("kill_promoter", "kill_beat"):
+        if kind in ("kill_promoter", "kill_beat", "kill_webhooks"):
             name = kind.removeprefix("kill_")
+            if kind == "kill_webhooks" and (name not in self.core or name in self.down):
+                return self._skip(fault)
             self.down.add(name)
             self.stack.kill(name, signal.SIGKILL)
             return [(fault.duration, f"restart:{name}")]
@@ -468,6 +527,11 @@ class Injector:
             if not self.redis.running:
                 return "later"  # nothing to deliver through while the broker is down
             return [] if self._redeliver(fault) else self._skip(fault)
+        if kind == "receiver_down":
+            if self.receiver is None or not self.receiver.running:
+                return self._skip(fault)
+            self.receiver.kill()
+            return [(fault.duration, "receiver_up")]
         if kind in ("duplicate_promoter", "duplicate_beat"):
             name = f"{kind.removeprefix('duplicate_')}-dup"
             proc = self.stack.procs.get(name)
@@ -496,6 +560,8 @@ class Injector:
             self.figures.redis_outages[-1] = (down_at, self._db_clock())
         elif verb == "postgres_up":
             self.pg.start()
+        elif verb == "receiver_up":
+            self.receiver.start()
         elif verb == "stop":
             self.stack.kill(name, signal.SIGTERM)
         self.note(f"        {action}")
@@ -622,6 +688,7 @@ def stack_env(options: Options, redis: PrivateRedis) -> dict[str, str]:
         "DELAYPAY_INFLIGHT_CAP": str(options.inflight_cap),
         "DELAYPAY_MAX_ATTEMPTS": str(options.max_attempts),
         "DELAYPAY_LOG_LEVEL": "INFO",
+        **(WEBHOOK_ENV if options.webhooks else {}),
     }
 
 
@@ -630,6 +697,110 @@ def unfinished() -> int:
     return ScheduledPayment.objects.filter(
         status__in=[PaymentStatus.SCHEDULED, PaymentStatus.EXECUTING]
     ).count()
+
+
+def webhook_backlog() -> int:
+    """Events not fanned out yet plus deliveries still pending."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT (SELECT count(*) FROM webhooks_event WHERE fanned_out_at IS NULL)"
+                    " + (SELECT count(*) FROM webhooks_delivery WHERE status = 'pending')")
+        return cur.fetchone()[0]
+
+
+# Per terminal payment: its events of its terminal type, and whether one of them has a
+# successful delivery.
+TERMINAL_EVENTS_SQL = """
+WITH terminal AS (
+    SELECT id, CASE status WHEN 'EXECUTED' THEN 'payment.executed'
+                           WHEN 'FAILED' THEN 'payment.failed'
+                           ELSE 'payment.cancelled' END AS type
+      FROM payments_scheduledpayment
+     WHERE status IN ('EXECUTED', 'FAILED', 'CANCELLED')
+), counted AS (
+    SELECT t.id, count(e.id) AS events, min(e.id) AS event_id,
+           coalesce(bool_or(EXISTS (SELECT 1 FROM webhooks_delivery d
+                                     WHERE d.event_id = e.id AND d.status = 'succeeded')), false) AS delivered
+      FROM terminal t
+      LEFT JOIN webhooks_event e ON e.payment_id = t.id AND e.type = t.type
+     GROUP BY t.id
+)
+SELECT count(*),
+       count(*) FILTER (WHERE events = 0),
+       coalesce(sum(events - 1) FILTER (WHERE events > 1), 0),
+       count(*) FILTER (WHERE events > 0 AND NOT delivered),
+       coalesce(array_agg(event_id) FILTER (WHERE events > 0), '{}')
+  FROM counted
+"""
+
+# A terminal event whose payment ended otherwise: an event without its change.
+STRAY_EVENTS_SQL = """
+SELECT count(*)
+  FROM webhooks_event e
+  JOIN payments_scheduledpayment p ON p.id = e.payment_id
+ WHERE e.type IN ('payment.executed', 'payment.failed', 'payment.cancelled')
+   AND e.type <> CASE p.status WHEN 'EXECUTED' THEN 'payment.executed'
+                               WHEN 'FAILED' THEN 'payment.failed'
+                               WHEN 'CANCELLED' THEN 'payment.cancelled'
+                               ELSE '' END
+"""
+
+
+def webhook_figures(received: Summary, figures: Figures) -> dict:
+    """The webhook checks: every terminal payment has exactly one event of its terminal
+    type, none is stray, and each was delivered (the database's record) and received
+    verified with a 2xx answer (the receiver's log)."""
+    with connection.cursor() as cur:
+        cur.execute(TERMINAL_EVENTS_SQL)
+        terminal, missing, duplicated, undelivered, event_ids = cur.fetchone()
+        cur.execute(STRAY_EVENTS_SQL)
+        (stray,) = cur.fetchone()
+        cur.execute("SELECT count(*), count(*) FILTER (WHERE status = 'succeeded'),"
+                    " count(*) FILTER (WHERE status = 'failed') FROM webhooks_delivery")
+        deliveries, succeeded, failed = cur.fetchone()
+        cur.execute("SELECT (SELECT count(*) FROM webhooks_event), (SELECT count(*) FROM webhooks_deliveryattempt)")
+        events, attempts = cur.fetchone()
+    not_received = sum(1 for pk in event_ids if f"evt_{pk}" not in received.delivered)
+    received_twice = sum(1 for entries in received.by_id.values()
+                         if sum(e["verified"] and 200 <= e["status"] < 300 for e in entries) > 1)
+    return {
+        "events": events,
+        "terminal_payments": terminal,
+        "missing_events": missing,
+        "duplicate_events": duplicated,
+        "stray_events": stray,
+        "deliveries": deliveries,
+        "deliveries_succeeded": succeeded,
+        "deliveries_failed": failed,
+        "attempts": attempts,
+        "requests_received": received.requests,
+        "unverified": received.unverified,
+        "received_twice": received_twice,
+        "undelivered": undelivered,
+        "not_received": not_received,
+        "drained": figures.webhooks_drained,
+        "drain_seconds": round(figures.webhook_drain_seconds, 1),
+    }
+
+
+def webhooks_ok(hooks: dict | None) -> bool:
+    return hooks is None or (
+        hooks["drained"]
+        and not (hooks["missing_events"] or hooks["duplicate_events"] or hooks["stray_events"]
+                 or hooks["undelivered"] or hooks["not_received"] or hooks["unverified"])
+    )
+
+
+def describe_webhooks(hooks: dict | None) -> str:
+    if hooks is None:
+        return ""
+    return (
+        f" webhooks: events={hooks['events']} delivered={hooks['deliveries_succeeded']}/{hooks['deliveries']}"
+        f" requests={hooks['requests_received']} received_twice={hooks['received_twice']}"
+        f" unverified={hooks['unverified']} missing_events={hooks['missing_events']}"
+        f" duplicate_events={hooks['duplicate_events']} stray_events={hooks['stray_events']}"
+        f" undelivered={hooks['undelivered']} not_received={hooks['not_received']}"
+        f" drain_s={hooks['drain_seconds']}{'' if hooks['drained'] else ' (NOT DRAINED)'}"
+    )
 
 
 @dataclass
@@ -705,7 +876,7 @@ def describe_long_outage(outage: dict | None) -> str:
 
 
 def measure(workload: Workload, figures: Figures, *, converged: bool, converge_seconds: float,
-            options: Options, total_seconds: float, log_dir: Path) -> Outcome:
+            options: Options, total_seconds: float, log_dir: Path, received: Summary | None = None) -> Outcome:
     """Every figure of the run, from the database, the reconciliation and an independent
     model of what the balances must be given the final statuses."""
     report = reconcile(stuck_after_seconds=0, overdue_after_seconds=0, sample_limit=5)
@@ -733,6 +904,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
                             " AND created_at > %s + interval '2 seconds' AND created_at < %s", [down_at, up_at])
                 claims_while_redis_down += cur.fetchone()[0]
     outage = long_outage_figures(figures)
+    hooks = webhook_figures(received, figures) if received is not None else None
     # The model: deposits plus the executed payments, from the harness's own records.
     expected = Counter(workload.deposits)
     for pid, (source, target, amount) in workload.payments.items():
@@ -752,7 +924,9 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         if (answer == PaymentStatus.CANCELLED) != (statuses.get(pid) == PaymentStatus.CANCELLED)
     )
     injected = sum(figures.injected.values())
-    kinds = " ".join(f"{k}={figures.injected[k]}" for k in [*MINIMUM_FAULTS, "workers_down"] if figures.injected[k])
+    kinds = " ".join(
+        f"{k}={figures.injected[k]}" for k in [*MINIMUM_FAULTS, "workers_down", *WEBHOOK_FAULTS] if figures.injected[k]
+    )
     failed = " ".join(f"{k}={v}" for k, v in sorted(reasons.items()))
     numbers = {
         "seed": options.seed,
@@ -777,12 +951,17 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         "executed_in_process": in_process,
         "unexpected_exits": figures.restarts_unexpected,
         "redelivered": figures.redelivered,
+        "webhooks": hooks,
         "converged": converged,
         "converge_seconds": round(converge_seconds, 1),
         "total_seconds": round(total_seconds, 1),
         "reconcile": {c.name: c.samples for c in report.checks if not c.ok},
     }
-    ok = converged and not (lost or duplicated or conservation or report.violations or cancel_mismatches)
+    ok = (
+        converged
+        and not (lost or duplicated or conservation or report.violations or cancel_mismatches)
+        and webhooks_ok(hooks)
+    )
     line = (
         f"chaos {'PASS' if ok else 'FAIL'}: seed={options.seed} payments={numbers['payments']}"
         f" executed={numbers['executed']} failed={numbers['failed']} ({failed or 'none'})"
@@ -793,7 +972,8 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         f" redelivered={figures.redelivered}"
         f" reconcile_violations={report.violations}"
         f" cancel_mismatches={cancel_mismatches} claims_while_redis_down={claims_while_redis_down}"
-        f" in_process={in_process}{describe_long_outage(outage)} converge_s={numbers['converge_seconds']}"
+        f" in_process={in_process}{describe_long_outage(outage)}{describe_webhooks(hooks)}"
+        f" converge_s={numbers['converge_seconds']}"
         f"{'' if converged else ' (NOT CONVERGED)'} total_s={numbers['total_seconds']}"
     )
     return Outcome(line=line, ok=ok, figures=numbers)
@@ -818,6 +998,7 @@ def run(options: Options, *, say) -> Outcome:
     )
     redis = PrivateRedis(port=pick_port(options.redis_port, {pg.port}), directory=log_dir / "redis")
     stack = None
+    receiver = None
     stop = threading.Event()
     canceller = None
     injector = None
@@ -828,17 +1009,27 @@ def run(options: Options, *, say) -> Outcome:
         redis.start()
         use_private_database(pg)
         call_command("migrate", interactive=False, verbosity=0)
+        if options.webhooks:
+            # The client's side: a receiver that knows every endpoint's secret once they exist.
+            receiver = ReceiverProcess(log=log_dir / "webhooks-received.jsonl", secret_file=log_dir / "webhook-secrets",
+                                       fail_first=options.webhook_fail_first,
+                                       fail_share=options.webhook_fail_share).start()
 
         stack = Stack(log_dir, env=stack_env(options, redis))
         workers = [f"worker{i + 1}" for i in range(options.workers)]
         stack.start_all(workers=options.workers, concurrency=options.concurrency)
+        if receiver is not None:
+            stack.start_webhooks()
         figures = Figures()
-        injector = Injector(stack=stack, pg=pg, redis=redis, options=options, figures=figures, workers=workers)
+        injector = Injector(stack=stack, pg=pg, redis=redis, options=options, figures=figures, workers=workers,
+                            receiver=receiver)
 
         # Booting Celery is CPU-heavy: let it finish before timing the workload.
-        stack.wait_ready([*workers, "promoter"], timeout=120)
+        stack.wait_ready([*workers, "promoter", *(["webhooks"] if receiver else [])], timeout=120)
         lead = 3.0 + options.payments / 2000  # time to write the payments before the first is due
-        workload = build_workload(options, lead_seconds=lead)
+        workload = build_workload(options, lead_seconds=lead, webhook_url=receiver.url if receiver else None)
+        if receiver is not None:
+            receiver.add_secrets(*workload.endpoint_secrets)
         say(f"chaos: {len(workload.payments)} payments over {len(workload.deposits)} accounts due in "
             f"{options.window:.0f}s from t+{max(0.0, workload.first_due - time.time()):.1f}s; "
             f"{len(workload.cancels)} cancels; injecting")
@@ -861,9 +1052,26 @@ def run(options: Options, *, say) -> Outcome:
                 break
             time.sleep(0.25)
         waited = time.monotonic() - injected_until
+        received = None
+        if receiver is not None:
+            # Then every event must reach the receiver, still under the supervisor.
+            drain_started = time.monotonic()
+            deadline = drain_started + options.webhook_drain_timeout
+            while time.monotonic() < deadline:
+                injector.supervise()
+                if db_retry(webhook_backlog) == 0:
+                    figures.webhooks_drained = True
+                    break
+                time.sleep(0.25)
+            figures.webhook_drain_seconds = time.monotonic() - drain_started
+            say(f"chaos: webhooks {'drained' if figures.webhooks_drained else 'NOT drained'} "
+                f"{figures.webhook_drain_seconds:.1f}s after convergence")
         stack.stop()
+        if receiver is not None:
+            receiver.stop()
+            received = receiver.summary()
         outcome = measure(workload, figures, converged=converged, converge_seconds=waited, options=options,
-                          total_seconds=time.monotonic() - started, log_dir=log_dir)
+                          total_seconds=time.monotonic() - started, log_dir=log_dir, received=received)
         (log_dir / "figures.json").write_text(json.dumps(outcome.figures, indent=2, default=str))
         return outcome
     finally:
@@ -872,6 +1080,8 @@ def run(options: Options, *, say) -> Outcome:
             injector.resume_everything()
         if stack is not None:
             stack.stop()
+        if receiver is not None:
+            receiver.stop()
         if canceller is not None:
             canceller.join(timeout=10)
         connections.close_all()

@@ -84,6 +84,10 @@ class Stack:
     def start_promoter(self, name: str = "promoter") -> subprocess.Popen:
         return self._spawn(name, "promoter", {"PROMOTER_NAME": name})
 
+    def start_webhooks(self, name: str = "webhooks", *, concurrency: int = 8) -> subprocess.Popen:
+        """The webhook dispatcher (webhooks/dispatcher.py): a thread-pool worker on its own queue."""
+        return self._spawn(name, "webhooks", {"WEBHOOKS_NAME": name, "WEBHOOK_CONCURRENCY": str(concurrency)})
+
     def start_beat(self, name: str = "beat") -> subprocess.Popen:
         return self._spawn(name, "beat", {"DELAYPAY_BEAT_SCHEDULE_FILE": str(self.log_dir / f"{name}-schedule")})
 

@@ -78,6 +78,8 @@ CHECKS: dict[str, str] = {
     "overdue_scheduled": "SCHEDULED and overdue by more than the overdue threshold (the sweep stalled)",
     "event_history": "payment events disagree with its status and attempt",
     "attempt_history": "execution attempts disagree with its status and attempt",
+    "webhook_events": "terminal payment without exactly one webhook event of its terminal type (or one not terminal "
+    "with such an event)",
 }
 
 def reconcile(
@@ -103,7 +105,7 @@ def reconcile(
         cur.execute(sql.RECONCILE_COUNT)
         checked_at, payments = cur.fetchone()
         for check_sql in (sql.RECONCILE_PAYMENT_LEDGER, sql.RECONCILE_LEDGER, sql.RECONCILE_LIVENESS,
-                          sql.RECONCILE_HISTORY):
+                          sql.RECONCILE_HISTORY, sql.RECONCILE_WEBHOOK_EVENTS):
             cur.execute(check_sql, params)
             for name, count, samples in cur.fetchall():
                 found[name] = (count, [s.strip() for s in samples or []])

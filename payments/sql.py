@@ -546,6 +546,30 @@ SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v
 """
 
 
+# The webhook outbox (the webhooks app's triggers write it in the transaction of each
+# change): every EXECUTED, FAILED or CANCELLED payment has exactly one event of its
+# terminal type and no other terminal one; a payment not (yet) terminal has none. One
+# hash of the outbox's terminal events against one pass over the payments.
+RECONCILE_WEBHOOK_EVENTS = """
+WITH w AS (
+    SELECT payment_id, array_agg(type::text ORDER BY id) AS types
+      FROM webhooks_event
+     WHERE payment_id IS NOT NULL AND type IN ('payment.executed', 'payment.failed', 'payment.cancelled')
+     GROUP BY payment_id
+), v AS (
+    SELECT 'webhook_events' AS name,
+           coalesce(p.id, w.payment_id) || ' ' || coalesce(p.status, 'missing') || ': '
+              || coalesce(array_to_string(w.types, ','), 'no event') AS subject
+      FROM payments_scheduledpayment p
+      FULL JOIN w ON w.payment_id = p.id
+     WHERE CASE WHEN p.status IN ('EXECUTED', 'FAILED', 'CANCELLED')
+                THEN w.types IS DISTINCT FROM ARRAY['payment.' || lower(p.status)]
+                ELSE w.types IS NOT NULL END
+)
+SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
+"""
+
+
 # ======================================================================================
 # Degraded mode (fallback.py)
 # ======================================================================================

@@ -47,6 +47,8 @@ from payments.series import recurring_create
 from tests.api import future
 from tests.conftest import admin_client_for, client_for
 from tests.factories import PASSWORD, AccountFactory, UserFactory, funded_account, future_payment, parked_payment
+from webhooks.endpoints import endpoint_create
+from webhooks.models import Delivery, DeliveryStatus, Event
 
 pytestmark = pytest.mark.django_db
 
@@ -62,6 +64,9 @@ VIEW_PAYMENT = "payments.view_scheduledpayment"
 VIEW_RECURRING = "payments.view_recurringpayment"
 VIEW_DEPOSIT_REQUEST = "ledger.view_depositrequest"
 APPROVE_DEPOSIT = "ledger.approve_deposit"
+VIEW_ENDPOINT = "webhooks.view_endpoint"
+VIEW_DELIVERY = "webhooks.view_delivery"
+RESEND_DELIVERY = "webhooks.resend_delivery"
 
 
 # --- The declared tables ------------------------------------------------------------------
@@ -167,6 +172,18 @@ API: dict[tuple[str, str], Api] = {
     ("recurring-detail", "DELETE"): Api(reach=(VIEW_RECURRING,), act="payments.delete_recurringpayment"),
     ("recurring-pause", "POST"): Api(reach=(VIEW_RECURRING,), act="payments.pause_recurringpayment"),
     ("recurring-resume", "POST"): Api(reach=(VIEW_RECURRING,), act="payments.pause_recurringpayment"),
+    # Webhook endpoints are their owner's alone: staff who may read one still may not act on it
+    # through the API (NOBODY: 403); support resends deliveries from the admin, with a reason.
+    ("webhook-endpoint-list", "GET"): Api(listing=Listing(VIEW_ENDPOINT, "endpoint", "endpoint_id")),
+    ("webhook-endpoint-list", "POST"): Api(
+        ok=201, body={"url": "https://hooks.example.com/mine", "events": ["payment.executed"]}
+    ),
+    ("webhook-endpoint-detail", "GET"): Api(reach=(VIEW_ENDPOINT,)),
+    ("webhook-endpoint-detail", "PATCH"): Api(reach=(VIEW_ENDPOINT,), act=NOBODY, body={"description": "matrix"}),
+    ("webhook-endpoint-detail", "DELETE"): Api(reach=(VIEW_ENDPOINT,), act=NOBODY),
+    ("webhook-endpoint-rotate-secret", "POST"): Api(reach=(VIEW_ENDPOINT,), act=NOBODY),
+    ("webhook-delivery-list", "GET"): Api(reach=(VIEW_ENDPOINT, VIEW_DELIVERY)),
+    ("webhook-delivery-resend", "POST"): Api(reach=(VIEW_ENDPOINT, VIEW_DELIVERY), act=NOBODY),
     ("schema", "GET"): PUBLIC,
     ("docs", "GET"): PUBLIC,
 }  # fmt: skip
@@ -203,13 +220,15 @@ ADMIN_ACTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("ledger.Account", "unfreeze_selected"): (VIEW_ACCOUNT, "ledger.freeze_account"),
     ("ledger.DepositRequest", "approve_selected"): (VIEW_DEPOSIT_REQUEST, APPROVE_DEPOSIT),
     ("ledger.DepositRequest", "reject_selected"): (VIEW_DEPOSIT_REQUEST, APPROVE_DEPOSIT),
+    ("webhooks.Delivery", "resend_selected"): (VIEW_DELIVERY, RESEND_DELIVERY),
     # Nothing is deleted in the console: the read-only tables offer delete_selected to nobody.
     **{
         (label, "delete_selected"): (NOBODY,)
         for label in (
             "payments.ScheduledPayment", "payments.RecurringPayment", "payments.PaymentEvent",
             "payments.ExecutionAttempt", "payments.RecurringEvent", "ledger.Account", "ledger.Transfer",
-            "ledger.DepositRequest", "ledger.StaffAction",
+            "ledger.DepositRequest", "ledger.StaffAction", "webhooks.Endpoint", "webhooks.Event",
+            "webhooks.Delivery",
         )
     },
     # Users, groups, API tokens and login lockouts: Django's and the packages' own admins,
@@ -263,6 +282,7 @@ ROUTES: dict[str, Admin] = {
     "admin:ledger_depositrequest_reject": Admin(
         (VIEW_DEPOSIT_REQUEST, APPROVE_DEPOSIT), methods=PAGE, target="deposit_request"
     ),
+    "admin:webhooks_delivery_resend": Admin((VIEW_DELIVERY, RESEND_DELIVERY), methods=PAGE, target="delivery"),
     "admin:auth_user_password_change": Admin(("auth.view_user", "auth.change_user"), methods=PAGE, target="owner"),
 }
 
@@ -361,6 +381,7 @@ GROUP_ACTS = {
         "payments.cancel_scheduledpayment",
         "payments.redrive_scheduledpayment",
         "payments.pause_recurringpayment",
+        RESEND_DELIVERY,
     },
     "treasury": {"ledger.deposit_account", APPROVE_DEPOSIT},
 }
@@ -373,8 +394,9 @@ def test_the_staff_groups_hold_what_the_roles_assume(world):
     def held(name):
         return {f"{p.content_type.app_label}.{p.codename}" for p in Group.objects.get(name=name).permissions.all()}
 
-    console = [m for m in admin.site._registry if m._meta.app_label in ("payments", "ledger")]
+    console = [m for m in admin.site._registry if m._meta.app_label in ("payments", "ledger", "webhooks")]
     views = {f"{m._meta.app_label}.{get_permission_codename('view', m._meta)}" for m in console}
+    views.add("webhooks.view_deliveryattempt")  # shown inline on a delivery's page
     assert set(STAFF_GROUPS) == set(GROUP_ACTS), "a new staff group: say what it may do in GROUP_ACTS"
     for name, acts in GROUP_ACTS.items():
         assert held(name) == views | acts, name
@@ -396,6 +418,8 @@ class World:
     parked: object  # NEEDS_REVIEW, from account to target (attempts and events too)
     recurring: object  # ACTIVE, daily, from account to target
     deposit_request: object  # pending, above the approval threshold, into account
+    endpoint: object  # the owner's webhook endpoint
+    delivery: object  # a failed delivery of an event about payment to endpoint
     roles: dict  # role -> (its user or None, that user's own account or None)
     caller: object = None  # the role's user (None: anonymous)
     own_account: object = None  # the caller's own account
@@ -433,6 +457,9 @@ def build_world() -> World:
     AccessAttempt.objects.create(**login, get_data="", post_data="", failures_since_start=1)
     AccessFailureLog.objects.create(**login, locked_out=False)
     AccessLog.objects.create(**login)
+    endpoint = endpoint_create(owner=owner, url="https://hooks.example.com/owner", events=["payment.executed"]).endpoint
+    event = Event.objects.create(type="payment.executed", owner=owner, payment_id=parked.pk, version=1, snapshot={})
+    delivery = Delivery.objects.create(event=event, endpoint=endpoint, status=DeliveryStatus.FAILED, attempts=1)
     roles = {}
     for role in ROLES:
         user = role_user(role)
@@ -446,6 +473,8 @@ def build_world() -> World:
         parked=parked,
         recurring=rec,
         deposit_request=deposit_request_create(account_id=account.id, amount=large, actor=requester, reason="big"),
+        endpoint=endpoint,
+        delivery=delivery,
         roles=roles,
     )
 
@@ -478,7 +507,8 @@ def as_role(world: World, role: str) -> World:
 
 
 PATH_TARGETS = {
-    "account_id": "account", "payment_id": "payment", "recurring_id": "recurring", "request_id": "deposit_request"
+    "account_id": "account", "payment_id": "payment", "recurring_id": "recurring", "request_id": "deposit_request",
+    "endpoint_id": "endpoint", "delivery_id": "delivery",
 }
 
 

@@ -8,6 +8,7 @@ TARGETS = (
     ("steady", "execution lateness p99", "<= 2.5 s"),
     ("backlog", "claim latency at the large backlog vs 100K", "<= 1.3x"),
     ("memory", "delaypay worker RSS, large vs 10K future payments", "<= 1.2x"),
+    ("burst", "payments/s with webhooks vs without (--webhooks)", ">= 0.9x"),
 )
 
 
@@ -51,6 +52,8 @@ def target_results(runs: dict[str, dict]) -> list[dict]:
         put("backlog", TARGETS[4][1], backlog.get("claim_latency_ratio"), lambda v: v <= 1.3)
     if memory:
         put("memory", TARGETS[5][1], memory.get("delaypay_worker_rss_growth"), lambda v: v <= 1.2)
+    if burst and burst.get("webhooks"):
+        put("burst", TARGETS[6][1], burst["webhooks"].get("ratio_with_vs_without"), lambda v: v >= 0.9)
     out = []
     for scenario, what, target in TARGETS:
         if (scenario, what) in values:
@@ -88,6 +91,7 @@ def summary(run: dict) -> str:
             f"correct             {run.get('correct')}"
             + ("" if run.get("correct") else f"  {run.get('check', {}).get('violations')}"),
         ]
+        lines += webhook_lines(run.get("webhooks"))
         naive = run.get("naive")
         if naive and naive.get("error"):
             lines.append(f"naive Celery ETA    abandoned: {naive['error']}")
@@ -121,6 +125,29 @@ def summary(run: dict) -> str:
             lines.append(f"naive     at {int(size):,} tasks the worker would hold ~{mb:,.0f} MB "
                          f"(extrapolated: {run['naive_kb_per_task']:.1f} KB per held task)")
     return "\n".join(lines)
+
+
+def webhook_lines(hooks: dict | None) -> list[str]:
+    """The --webhooks part of a drain's summary."""
+    if not hooks:
+        return []
+    run = hooks.get("run") or {}
+    return [
+        f"with webhooks       {_num(hooks.get('payments_per_s_with'))} payments/s against"
+        f" {_num(hooks.get('payments_per_s_without'))} without the outbox"
+        f"  ->  {_num(hooks.get('ratio_with_vs_without'), '.2f')}x"
+        f" (drain {_num(run.get('drain_s'), '.2f')} s; execution lateness p50/p95/p99/max"
+        f" {_lat(run.get('execution_lateness_s'))} s)",
+        f"  outbox only       {_num(hooks.get('payments_per_s_outbox_only'))} payments/s (triggers on, no endpoint,"
+        f" no webhooks process)  ->  {_num(hooks.get('ratio_outbox_only_vs_without'), '.2f')}x",
+        f"  delivered         {hooks.get('delivered', 0):,} of {hooks.get('events', 0):,} events"
+        f" ({hooks.get('requests_received', 0):,} requests received, {hooks.get('unverified', 0)} unverified,"
+        f" {hooks.get('not_received', 0)} not received, {hooks.get('failed', 0)} failed)",
+        f"  delivery rate     {_num(hooks.get('deliveries_per_s'))} events/s; backlog drained"
+        f" {_num(hooks.get('backlog_drain_s'), '.1f')} s after the due instant"
+        f" ({_num(hooks.get('after_payments_s'), '.1f')} s after the last payment finished)",
+        f"  event lateness    {_lat(hooks.get('event_lateness_s'))}  (first 2xx - event created, s)",
+    ]
 
 
 def targets_table(results: list[dict]) -> str:

@@ -6,6 +6,7 @@ Redis, loads its payments set-based (not timed), waits for the due instant on th
 database clock, and reads its figures back from the database's own timestamps.
 """
 
+import contextlib
 import os
 import platform
 import secrets
@@ -62,6 +63,7 @@ class Options:
     naive_budget: float = 300.0
     naive_rss_cap_mb: float = 3000.0
     profile: bool = False
+    webhooks: bool = False  # drain twice: without the outbox, then with an endpoint, the dispatcher, a receiver
     keep: bool = False
     run_id: str = field(default_factory=lambda: f"{os.getpid()}")
     say: Callable[[str], None] = print
@@ -173,19 +175,39 @@ def _timing(opts: Options) -> tuple[str, float]:
     return "at", 0.0
 
 
-def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
-    """delaypay on the real stack: load, wait for the due instant, drain, measure, check."""
+DRAIN_VARIANTS = ("delaypay", "no-outbox", "webhooks")
+
+
+def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str = "delaypay") -> dict:
+    """delaypay on the real stack: load, wait for the due instant, drain, measure, check.
+    ``variant``: "delaypay" as deployed with no endpoint (events stay in the outbox);
+    "no-outbox" with the outbox triggers disabled; "webhooks" with an endpoint for every
+    payment's payer, the webhooks process and a receiver, and the delivery figures."""
+    from . import webhooks
+
+    if variant not in DRAIN_VARIANTS:
+        raise ValueError(variant)
     n = opts.n_payments
     timing, window = _timing(opts)
     result: dict = {}
-    with fresh_database(scratch_name(opts.run_id, "delaypay"), keep=opts.keep):
+    name = "delaypay" if variant == "delaypay" else f"delaypay-{variant}"
+    hooks = variant == "webhooks"
+    with fresh_database(scratch_name(opts.run_id, name), keep=opts.keep), contextlib.ExitStack() as context:
         loader.load_accounts(accounts=opts.accounts)
+        if variant == "no-outbox":
+            webhooks.disable_outbox()
+        receiver = context.enter_context(webhooks.receiver(log_dir / name)) if hooks else None
+        if receiver is not None:
+            receiver.add_secrets(webhooks.subscribe(receiver.url))
         flush_private_redis(redis_url)
-        stack = Stack(log_dir / "delaypay", env=child_env(redis_url))
+        stack = Stack(log_dir / name, env=child_env(redis_url, **(webhooks.WEBHOOK_ENV if hooks else {})))
         sampler = None
         profiler = None
+        observed_hooks = None
         try:
             stack.start_all(workers=opts.workers, concurrency=opts.concurrency)
+            if hooks:
+                stack.start_webhooks()
             wait_ready(stack, list(stack.procs))
             sampler = RssSampler(lambda: stack_pids(stack)).start()
             due_at = due_instant(opts.lead or default_lead(n))
@@ -208,6 +230,9 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
             opts.say(f"  due at {due_at:%H:%M:%S}: draining {n:,} payments")
             progress = _progress_printer(opts, n)
             observed = wait_drained(due_to=last_due, timeout=window + opts.timeout, on_poll=progress)
+            if hooks:
+                opts.say("  payments drained; waiting for every event to be delivered")
+                observed_hooks = webhooks.wait_delivered(timeout=opts.timeout, on_poll=_backlog_printer(opts))
             if profiler is not None:
                 result["profile_files"] = [str(p) for p in profiler.stop()]
                 profiler = None
@@ -230,7 +255,27 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
             "correct": check.correct and observed is not None,
             "check": check.as_dict(),
         })
+        if receiver is not None:
+            receiver.stop()
+            payments_done = result["drain_s"] + due_at.timestamp() if result.get("drain_s") is not None else None
+            delivery = webhooks.delivery_figures(due_at=due_at.timestamp(), payments_done_at=payments_done,
+                                                 received=receiver.summary())
+            delivery["drain_observed_s"] = None if observed_hooks is None else round(observed_hooks, 2)
+            result["webhooks"] = delivery
+            result["correct"] = result["correct"] and delivery["correct"] and observed_hooks is not None
     return result
+
+
+def _backlog_printer(opts: Options) -> Callable[[int], None]:
+    last = {"at": 0.0}
+
+    def show(left: int) -> None:
+        now = time.monotonic()
+        if now - last["at"] >= 5 or left == 0:
+            last["at"] = now
+            opts.say(f"    webhook backlog {left:,}")
+
+    return show
 
 
 def _progress_printer(opts: Options, total: int) -> Callable[[int], None]:
@@ -321,8 +366,32 @@ def run_drain(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
     pgb_before = _pgbench(opts, log_dir, "before")
     opts.say(f"delaypay: {opts.scenario}, {opts.n_payments:,} payments, {opts.accounts:,} accounts, "
              f"{opts.workers} worker(s) x {opts.concurrency}")
-    delaypay = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir)
+    if opts.webhooks:
+        # The baseline is the engine without the outbox; the run that counts has it all.
+        opts.say("  without webhooks: the outbox triggers disabled")
+        delaypay = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir, variant="no-outbox")
+        # The executor's own cost of the outbox (its rows written in the batch's transaction),
+        # without the dispatcher and the receiver taking cores from the workers meanwhile.
+        opts.say("  with the outbox only: the triggers on, no endpoint, no webhooks process")
+        outbox_only = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir, variant="delaypay")
+        opts.say("  with webhooks: one endpoint for every event, the webhooks process, a loopback receiver")
+        with_hooks = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir, variant="webhooks")
+    else:
+        delaypay = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir)
     out.update(delaypay)
+    if opts.webhooks:
+        without_pps, with_pps = delaypay.get("payments_per_s"), with_hooks.get("payments_per_s")
+        outbox_pps = outbox_only.get("payments_per_s")
+        out["webhooks"] = {
+            **with_hooks.pop("webhooks", {}),
+            "run": with_hooks,
+            "payments_per_s_without": without_pps,
+            "payments_per_s_with": with_pps,
+            "ratio_with_vs_without": round(with_pps / without_pps, 3) if with_pps and without_pps else None,
+            "payments_per_s_outbox_only": outbox_pps,
+            "ratio_outbox_only_vs_without": round(outbox_pps / without_pps, 3) if outbox_pps and without_pps else None,
+        }
+        out["correct"] = delaypay.get("correct") and outbox_only.get("correct") and with_hooks.get("correct")
     pgb_after = _pgbench(opts, log_dir, "after")
     # The machine is shared: pgbench runs right before and right after delaypay's drain and
     # the ratio uses their mean, so a neighbour's load shifts both sides of it alike.

@@ -40,6 +40,7 @@ from payments.exceptions import (
     StaffActionForbidden,
     VersionMismatch,
 )
+from webhooks.endpoints import DeliveryNotFound, EndpointLimit, EndpointNotFound
 
 from .authentication import LoginLockedOut
 from .parsers import PayloadTooLarge
@@ -85,6 +86,8 @@ ERROR_CODES: dict[str, str] = {
     "`limit` and `usage` say so. End one first.",
     "limit_daily_outflow": "The change would put more than DELAYPAY_MAX_DAILY_OUTFLOW_PER_USER units due on one UTC "
     "day (409): `usage` is already counted on `day`, `requested` what this adds, `limit` the cap.",
+    "limit_webhook_endpoints": "You have the most webhook endpoints one user may have (409); `limit` and `usage` "
+    "say so. Delete one first.",
     "bad_request": "A request Django or the HTTP server refused, e.g. an unknown Host header, a malformed "
     "request line, a control character in a header, a bad chunk (400).",
     # The HTTP server in front (gunicorn, delaypay/gunicorn_config.py) answers these itself,
@@ -105,6 +108,8 @@ DOMAIN_STATUSES: list[tuple[type[Exception], int]] = [
     (PaymentNotFound, status.HTTP_404_NOT_FOUND),
     (AccountNotFound, status.HTTP_404_NOT_FOUND),
     (RecurringNotFound, status.HTTP_404_NOT_FOUND),
+    (EndpointNotFound, status.HTTP_404_NOT_FOUND),
+    (DeliveryNotFound, status.HTTP_404_NOT_FOUND),
     (PaymentNotCancellable, status.HTTP_409_CONFLICT),
     (PaymentNotEditable, status.HTTP_409_CONFLICT),
     (PaymentNotInReview, status.HTTP_409_CONFLICT),
@@ -120,6 +125,7 @@ DOMAIN_STATUSES: list[tuple[type[Exception], int]] = [
     (PendingPaymentsLimit, status.HTTP_409_CONFLICT),
     (ActiveSeriesLimit, status.HTTP_409_CONFLICT),
     (DailyOutflowLimit, status.HTTP_409_CONFLICT),
+    (EndpointLimit, status.HTTP_409_CONFLICT),
     (VersionMismatch, status.HTTP_412_PRECONDITION_FAILED),
     # Everything else is the client's to fix: validation, a missing or malformed
     # Idempotency-Key, wrong credentials.

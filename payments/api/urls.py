@@ -1,7 +1,7 @@
 from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from . import accounts, auth, deposits, payments, recurring
+from . import accounts, auth, deposits, payments, recurring, webhooks
 
 
 class PublicIdConverter:
@@ -74,6 +74,27 @@ urlpatterns = [
         "recurring-payments/<public_id:recurring_id>/resume",
         recurring.RecurringResumeView.as_view(),
         name="recurring-resume",
+    ),
+    path("webhook-endpoints", webhooks.EndpointListCreateView.as_view(), name="webhook-endpoint-list"),
+    path(
+        "webhook-endpoints/<public_id:endpoint_id>",
+        webhooks.EndpointDetailView.as_view(),
+        name="webhook-endpoint-detail",
+    ),
+    path(
+        "webhook-endpoints/<public_id:endpoint_id>/rotate-secret",
+        webhooks.EndpointRotateSecretView.as_view(),
+        name="webhook-endpoint-rotate-secret",
+    ),
+    path(
+        "webhook-endpoints/<public_id:endpoint_id>/deliveries",
+        webhooks.DeliveryListView.as_view(),
+        name="webhook-delivery-list",
+    ),
+    path(
+        "webhook-endpoints/<public_id:endpoint_id>/deliveries/<public_id:delivery_id>/resend",
+        webhooks.DeliveryResendView.as_view(),
+        name="webhook-delivery-resend",
     ),
     # GET and HEAD only, as every API view (base.ApiView): DRF's OPTIONS on the Swagger page
     # rendered a template that does not exist (a 500).

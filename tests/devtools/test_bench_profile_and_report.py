@@ -35,3 +35,12 @@ def test_targets_compare_hot_sender_to_burst_through_each_runs_pgbench_rate():
     assert verdicts[("steady", "dispatch lateness p99")] == (1.1, True)
     assert verdicts[("steady", "execution lateness p99")] == (2.9, False)
     assert ("backlog", "claim latency at the large backlog vs 100K") not in verdicts
+
+
+def test_the_webhooks_target_is_judged_only_when_the_burst_ran_with_webhooks():
+    plain = {(t["scenario"], t["what"]) for t in target_results({"burst": {"ratio_vs_pgbench": 1.2}})}
+    assert ("burst", "payments/s with webhooks vs without (--webhooks)") not in plain
+    for ratio, met in ((0.93, True), (0.85, False)):
+        runs = {"burst": {"ratio_vs_pgbench": 1.2, "webhooks": {"ratio_with_vs_without": ratio}}}
+        verdicts = {(t["scenario"], t["what"]): (t["value"], t["met"]) for t in target_results(runs)}
+        assert verdicts[("burst", "payments/s with webhooks vs without (--webhooks)")] == (ratio, met)

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from devtools.chaos import MINIMUM_FAULTS, OUTAGE_KINDS, Options, fault_plan, plan_digest
+from devtools.chaos import MINIMUM_FAULTS, OUTAGE_KINDS, WEBHOOK_FAULTS, Options, fault_plan, plan_digest
 from devtools.sandbox import pick_port
 
 
@@ -18,7 +18,7 @@ def test_a_seed_replays_the_same_fault_schedule():
 def test_every_plan_has_every_fault_and_no_overlapping_outage_of_one_service(seed):
     options = Options(seed=seed, faults=20, window=30)
     plan = fault_plan(options)
-    assert len(plan) == 20
+    assert len(plan) == 20 + sum(WEBHOOK_FAULTS.values())
     for kind, minimum in MINIMUM_FAULTS.items():
         assert sum(f.kind == kind for f in plan) >= minimum, kind
     for kinds in OUTAGE_KINDS.values():  # a long broker outage and a Redis restart are one service
@@ -59,3 +59,17 @@ def test_workers_down_is_one_extra_fault_of_whole_leases_from_the_start():
     planned = fault_plan(Options(seed=3, lease_seconds=5.0, workers_down_leases=2))
     assert [f.kind for f in planned].count("workers_down") == 1
     assert "workers_down" not in {f.kind for f in fault_plan(Options(seed=3))}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_webhook_faults_come_on_top_of_the_same_core_plan(seed):
+    """A seed replays the same core plan with or without webhooks: their faults are drawn
+    from their own stream."""
+    with_hooks = fault_plan(Options(seed=seed, faults=20, window=30))
+    without = fault_plan(Options(seed=seed, faults=20, window=30, webhooks=False))
+    assert [f for f in with_hooks if f.kind not in WEBHOOK_FAULTS] == without
+    assert sorted(f.kind for f in with_hooks if f.kind in WEBHOOK_FAULTS) == sorted(
+        kind for kind, n in WEBHOOK_FAULTS.items() for _ in range(n)
+    )
+    assert all(0.5 <= f.at <= 30 for f in with_hooks if f.kind in WEBHOOK_FAULTS)
+    assert [f.kind for f in fault_plan(Options(seed=seed, faults=0))] == []

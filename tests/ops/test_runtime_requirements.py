@@ -34,6 +34,7 @@ LOAD_CHECKS = {
     "web": "check-config",  # gunicorn --check-config imports delaypay.wsgi
     "worker": "help",  # celery -A delaypay ... --help imports the app
     "promoter": "help",
+    "webhooks": "help",
     "beat": "help",
     "metrics": "help",  # manage.py serve_metrics --help imports Django and the command
     "flower": "help",

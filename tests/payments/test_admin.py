@@ -504,10 +504,13 @@ def test_staff_groups_command_creates_support_auditor_and_treasury(staff_groups)
         set(Group.objects.get(name=name).permissions.values_list("codename", flat=True))
         for name in ("support", "auditor", "treasury")
     )
-    assert support == auditor | {"cancel_scheduledpayment", "redrive_scheduledpayment", "pause_recurringpayment"}
+    assert support == auditor | {
+        "cancel_scheduledpayment", "redrive_scheduledpayment", "pause_recurringpayment", "resend_delivery",
+    }
     assert auditor == {
         "view_scheduledpayment", "view_executionattempt", "view_paymentevent", "view_recurringpayment",
         "view_recurringevent", "view_account", "view_transfer", "view_depositrequest", "view_staffaction",
+        "view_endpoint", "view_event", "view_delivery", "view_deliveryattempt",
     }
     # Money: deposits, requests above the threshold, and deciding others' requests (four eyes).
     assert treasury == auditor | {"deposit_account", "approve_deposit"}

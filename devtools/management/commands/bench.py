@@ -49,12 +49,18 @@ class Command(BaseCommand):
                             help="memory: naive worker RSS at which it stops growing (3000 MB; the machine is shared)")
         parser.add_argument("--profile", action="store_true",
                             help="py-spy the workers during the drain (needs py-spy); summary in the JSON")
+        parser.add_argument("--webhooks", action="store_true",
+                            help="burst/hot-sender/steady: drain without the outbox, then again with one endpoint "
+                                 "subscribed to every event, the webhooks process and a loopback receiver; report "
+                                 "payments/s with and without, the delivery rate and the backlog drain time")
         parser.add_argument("--keep", action="store_true", help="keep the scratch databases (for inspection)")
 
     def handle(self, *args, **opts):
         scenarios = list(SCENARIOS) if opts["scenario"] == "all" else [opts["scenario"]]
         if not 0 <= opts["jitter"] <= 3600:
             raise CommandError("--jitter must be between 0 and 3600 seconds, like jitter_seconds")
+        if opts["webhooks"] and opts["scenario"] not in ("burst", "hot-sender", "steady"):
+            raise CommandError("--webhooks goes with burst, hot-sender or steady")
         self._preflight(opts)
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         log_root = opts["out"] / f"{opts['scenario']}-{stamp}"
@@ -83,6 +89,7 @@ class Command(BaseCommand):
                     naive_budget=opts["naive_budget"],
                     naive_rss_cap_mb=opts["naive_rss_cap_mb"],
                     profile=opts["profile"],
+                    webhooks=opts["webhooks"],
                     keep=opts["keep"],
                     say=say,
                 )

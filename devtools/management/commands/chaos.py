@@ -13,7 +13,8 @@ class Command(BaseCommand):
     help = (
         "Start a private PostgreSQL cluster and redis-server, run the real workers, promoter and beat against "
         "them, drain N payments while injecting faults from a seeded RNG, converge, reconcile, and print one "
-        "line of figures. Exit 1 on any lost payment, duplicated transfer, conservation error or violation."
+        "line of figures. Exit 1 on any lost payment, duplicated transfer, conservation error or violation, "
+        "or a terminal payment without exactly one webhook event delivered to its owner's receiver."
     )
 
     def add_arguments(self, parser):
@@ -46,6 +47,15 @@ class Command(BaseCommand):
                             help="add one fault: every worker stopped for this many leases from t+0.5s (0: none)")
         parser.add_argument("--converge-timeout", type=float, default=d.converge_timeout,
                             help=f"seconds to wait for every payment to be terminal ({d.converge_timeout:g})")
+        parser.add_argument("--no-webhooks", action="store_true",
+                            help="leave out the webhook receiver, the endpoints, the webhooks process and their checks")
+        parser.add_argument("--webhook-fail-first", type=int, default=d.webhook_fail_first,
+                            help=f"the receiver answers 500 to the first N tries of an event ({d.webhook_fail_first})")
+        parser.add_argument("--webhook-fail-share", type=float, default=d.webhook_fail_share,
+                            help=f"... for this share of the events ({d.webhook_fail_share:g})")
+        parser.add_argument("--webhook-drain-timeout", type=float, default=d.webhook_drain_timeout,
+                            help=f"seconds after convergence for every event to be delivered "
+                                 f"({d.webhook_drain_timeout:g})")
         parser.add_argument("--pg-port", type=int, default=d.pg_port,
                             help=f"port of the private PostgreSQL, or the next free one ({d.pg_port})")
         parser.add_argument("--redis-port", type=int, default=d.redis_port,
@@ -62,7 +72,10 @@ class Command(BaseCommand):
             lease_seconds=o["lease"], batch=o["batch"], inflight_cap=o["inflight_cap"],
             max_attempts=o["max_attempts"], broker_outage_seconds=o["broker_outage_seconds"],
             workers_down_leases=o["workers_down_leases"],
-            converge_timeout=o["converge_timeout"], pg_port=o["pg_port"],
+            converge_timeout=o["converge_timeout"], webhooks=not o["no_webhooks"],
+            webhook_fail_first=o["webhook_fail_first"], webhook_fail_share=o["webhook_fail_share"],
+            webhook_drain_timeout=o["webhook_drain_timeout"],
+            pg_port=o["pg_port"],
             redis_port=o["redis_port"], cluster=o["cluster"], log_dir=Path(o["log_dir"]), keep=o["keep"],
         )
         try:

@@ -18,16 +18,22 @@ VIEW = [
     "ledger.view_transfer",
     "ledger.view_depositrequest",
     "ledger.view_staffaction",
+    "webhooks.view_endpoint",
+    "webhooks.view_event",
+    "webhooks.view_delivery",
+    "webhooks.view_deliveryattempt",
 ]
 
 STAFF_GROUPS: dict[str, list[str]] = {
     # Reads everything, cancels payments that have not started, re-drives or resolves
-    # payments in review, pauses and resumes recurring payments.
+    # payments in review, pauses and resumes recurring payments, resends webhook deliveries
+    # (webhooks/admin.py: Delivery's change permission is its resend; nothing edits one).
     "support": [
         *VIEW,
         "payments.cancel_scheduledpayment",
         "payments.redrive_scheduledpayment",
         "payments.pause_recurringpayment",
+        "webhooks.resend_delivery",
     ],
     # Reads everything, changes nothing.
     "auditor": VIEW,
@@ -63,8 +69,8 @@ def staff_groups_sync() -> dict[str, int]:
 
 class Command(BaseCommand):
     help = (
-        'Create or update the "support" (view, cancel, re-drive, pause), "auditor" (view only) and "treasury"'
-        " (view, deposit, approve deposits) staff groups."
+        'Create or update the "support" (view, cancel, re-drive, pause, resend webhooks), "auditor" (view only) and'
+        ' "treasury" (view, deposit, approve deposits) staff groups.'
     )
 
     def handle(self, *args, **options):

@@ -19,6 +19,8 @@ from payments.models import PaymentStatus, RecurringPayment, RecurringStatus, Sc
 from tests.api import assert_error, future, patch, post
 from tests.conftest import client_for
 from tests.factories import PASSWORD, UserFactory, funded_account
+from webhooks.endpoints import endpoint_create
+from webhooks.models import Delivery, DeliveryStatus, Event
 
 pytestmark = pytest.mark.django_db
 
@@ -32,6 +34,8 @@ class World:
     target: object  # where P pays to (the other user's account)
     payment: object  # P, scheduled from A by the owner
     recurring: object  # R, a daily recurring payment from A by the owner
+    endpoint: object  # E, the owner's webhook endpoint
+    delivery: object  # D, a failed delivery to E
 
     def client(self, role):
         return client_for(self.users[role])
@@ -50,7 +54,11 @@ def world():
     assert payment.status_code == 201
     recurring = post(client_for(owner), "/api/v1/recurring-payments", recurring_body(account, target), key="world-r")
     assert recurring.status_code == 201, recurring.content
+    endpoint = endpoint_create(owner=owner, url="https://hooks.example.com/owner", events=["payment.failed"]).endpoint
+    event = Event.objects.create(type="payment.failed", owner=owner, payment_id="pay_x", version=1, snapshot={})
     return World(
+        endpoint=endpoint,
+        delivery=Delivery.objects.create(event=event, endpoint=endpoint, status=DeliveryStatus.FAILED),
         users={"anonymous": None, "other": other, "owner": owner, "staff": staff},
         account=account,
         target=target,
@@ -65,6 +73,7 @@ def recurring_body(source, target) -> dict:
 
 def _request(world: World, role: str, endpoint: str):
     client, a, p, r = world.client(role), world.account.id, world.payment.id, world.recurring.id
+    e = world.endpoint.id
     payment = {"from_account": a, "to_account": world.target.id, "amount": 1, "execute_at": future()}
     recurring = recurring_body(world.account, world.target)
     calls = {
@@ -100,6 +109,18 @@ def _request(world: World, role: str, endpoint: str):
         "DELETE /recurring-payments/{id}": lambda: client.delete(f"/api/v1/recurring-payments/{r}"),
         "POST /recurring-payments/{id}/pause": lambda: client.post(f"/api/v1/recurring-payments/{r}/pause"),
         "POST /recurring-payments/{id}/resume": lambda: client.post(f"/api/v1/recurring-payments/{r}/resume"),
+        "GET /webhook-endpoints": lambda: client.get("/api/v1/webhook-endpoints"),
+        "POST /webhook-endpoints": lambda: post(client, "/api/v1/webhook-endpoints",
+                                                {"url": "https://hooks.example.com/x", "events": ["payment.failed"]},
+                                                key="w"),
+        "GET /webhook-endpoints/{id}": lambda: client.get(f"/api/v1/webhook-endpoints/{e}"),
+        "PATCH /webhook-endpoints/{id}": lambda: patch(client, f"/api/v1/webhook-endpoints/{e}", {"enabled": False}),
+        "DELETE /webhook-endpoints/{id}": lambda: client.delete(f"/api/v1/webhook-endpoints/{e}"),
+        "POST /webhook-endpoints/{id}/rotate-secret": lambda: post(
+            client, f"/api/v1/webhook-endpoints/{e}/rotate-secret", None, key="rot"),
+        "GET /webhook-endpoints/{id}/deliveries": lambda: client.get(f"/api/v1/webhook-endpoints/{e}/deliveries"),
+        "POST /webhook-endpoints/{id}/deliveries/{id}/resend": lambda: client.post(
+            f"/api/v1/webhook-endpoints/{e}/deliveries/{world.delivery.pk}/resend"),
         "GET /schema": lambda: client.get("/api/v1/schema"),
         "GET /docs": lambda: client.get("/api/v1/docs"),
     }
@@ -135,6 +156,14 @@ MATRIX = {
     "DELETE /recurring-payments/{id}": (401,     404,   200,   404),  # staff: that and ...delete_recurringpayment
     "POST /recurring-payments/{id}/pause":  (401, 404,  200,   404),  # staff: that and ...pause_recurringpayment
     "POST /recurring-payments/{id}/resume": (401, 404,  200,   404),  # staff: that and ...pause_recurringpayment
+    "GET /webhook-endpoints":         (401,      200,   200,   200),
+    "POST /webhook-endpoints":        (401,      201,   201,   201),
+    "GET /webhook-endpoints/{id}":    (401,      404,   200,   404),  # staff: webhooks.view_endpoint
+    "PATCH /webhook-endpoints/{id}":  (401,      404,   200,   404),  # the owner's alone
+    "DELETE /webhook-endpoints/{id}": (401,      404,   204,   404),
+    "POST /webhook-endpoints/{id}/rotate-secret": (401, 404, 200, 404),
+    "GET /webhook-endpoints/{id}/deliveries":     (401, 404, 200, 404),  # staff: ...view_endpoint, ...view_delivery
+    "POST /webhook-endpoints/{id}/deliveries/{id}/resend": (401, 404, 202, 404),
     "GET /schema":                    (200,      200,   200,   200),
     "GET /docs":                      (200,      200,   200,   200),
 }  # fmt: skip

@@ -12,6 +12,8 @@ from payments.api.parsers import PayloadTooLarge
 from tests.api import assert_error, payment_body, post
 from tests.conftest import client_for
 from tests.factories import UserFactory, funded_account
+from webhooks import endpoints as webhook_endpoints
+from webhooks.safety import WebhookURLRefused
 
 pytestmark = pytest.mark.django_db
 
@@ -111,6 +113,12 @@ DOMAIN_ERRORS = [
     (domain.DailyOutflowLimit("Over the limit.", limit=100, usage=90, requested=20, day="2030-01-01"), 409),
     (DepositRefused("The deposit was rejected: account_closed.", reason="account_closed"), 409),
     (domain.VersionMismatch(3), 412),
+    (WebhookURLRefused("only https:// URLs are allowed"), 400),
+    (webhook_endpoints.EndpointActForbidden(), 403),
+    (webhook_endpoints.EndpointNotFound(), 404),
+    (webhook_endpoints.DeliveryNotFound(), 404),
+    (webhook_endpoints.EndpointLimit(limit=10, usage=10), 409),
+    (webhook_endpoints.EndpointVersionMismatch(2), 412),
 ]
 
 

@@ -25,6 +25,7 @@ from ledger.models import Account
 from ledger.services import ledger_deposit
 from payments.models import RecurringPayment, ScheduledPayment
 from tests.factories import UserFactory
+from webhooks.models import Delivery, DeliveryStatus, Endpoint, Event
 
 pytestmark = pytest.mark.django_db
 
@@ -33,6 +34,8 @@ OWN_ACCOUNT = "acc_schemathesis_own"
 TARGET_ACCOUNT = "acc_schemathesis_target"
 PAYMENT = "pay_schemathesis_scheduled"
 RECURRING = "rec_schemathesis_active"
+ENDPOINT = "whe_schemathesis_own"
+DELIVERY = 424242
 
 
 def _schema_valid_id(value) -> bool:
@@ -51,6 +54,11 @@ def _reach_known_resources(context, path_parameters):
         options.append({**path_parameters, "payment_id": PAYMENT})
     if "recurring_id" in path_parameters:
         options.append({**path_parameters, "recurring_id": RECURRING})
+    if "endpoint_id" in path_parameters:
+        known = {**path_parameters, "endpoint_id": ENDPOINT}
+        options.append(known)
+        if "delivery_id" in path_parameters:
+            options.append({**known, "delivery_id": str(DELIVERY)})
     return st.sampled_from(options)
 
 
@@ -124,7 +132,8 @@ schema.hook("flatmap_body")(_schedule_from_own_account)
 def token(db):
     """A staff user (so deposits and every read succeed, not only fail: the deposit
     permission and every view permission) who owns an account, plus a target account, a
-    scheduled payment and an active recurring payment, under known ids."""
+    scheduled payment, an active recurring payment and a webhook endpoint with a failed
+    delivery, under known ids."""
     staff = UserFactory(is_staff=True)
     staff.user_permissions.add(
         *Permission.objects.filter(codename="deposit_account", content_type__app_label="ledger"),
@@ -142,6 +151,11 @@ def token(db):
         id=RECURRING, payer=staff, from_account_id=OWN_ACCOUNT, to_account_id=TARGET_ACCOUNT, amount=1,
         start_at=tomorrow, interval="P1D", next_occurrence_at=tomorrow,
     )
+    endpoint = Endpoint.objects.create(
+        id=ENDPOINT, owner=staff, url="https://hooks.example.com/schemathesis", events=["payment.executed"]
+    )
+    event = Event.objects.create(type="payment.executed", owner=staff, payment_id=PAYMENT, version=1, snapshot={})
+    Delivery.objects.create(id=DELIVERY, event=event, endpoint=endpoint, status=DeliveryStatus.FAILED)
     _, key = AuthToken.objects.create(staff)
     return key
 

@@ -1,0 +1,129 @@
+"""The outbox triggers: an event row in the transaction of each webhook-worthy change."""
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from payments.execution import execute_batch
+from payments.models import PaymentEvent, RecurringEvent
+from payments.series import recurring_create, recurring_end, recurring_pause, recurring_resume
+from payments.services import payment_cancel, payment_update
+from tests.factories import claimed, due_payment, funded_account, future_payment, parked_payment
+from webhooks import events
+from webhooks.models import Event
+
+
+def types_of(**filters) -> list[str]:
+    return list(Event.objects.filter(**filters).order_by("id").values_list("type", flat=True))
+
+
+@pytest.mark.django_db
+def test_an_executor_batch_writes_one_event_per_payment_in_one_statement():
+    a, b = funded_account(balance=100), funded_account()
+    paid = [due_payment(source=a, target=b, amount=30) for _ in range(3)]
+    short = due_payment(source=a, target=b, amount=1000)
+    result = execute_batch(pairs=claimed(*paid, short))
+    assert sorted(result.executed) == sorted(p.id for p in paid)
+    for payment in paid:
+        (event,) = Event.objects.filter(payment_id=payment.id)
+        assert event.type == events.PAYMENT_EXECUTED
+        assert event.owner_id == a.owner_id
+        assert event.snapshot["status"] == "EXECUTED"  # the row after the change
+        assert event.snapshot["executed_at"] is not None
+        assert event.version == event.snapshot["version"]
+        assert event.fanned_out_at is None
+    (failed,) = Event.objects.filter(payment_id=short.id)
+    assert (failed.type, failed.snapshot["failure_reason"]) == (events.PAYMENT_FAILED, "insufficient_funds")
+
+
+@pytest.mark.django_db
+def test_claims_and_creations_write_no_event():
+    a, b = funded_account(balance=100), funded_account()
+    payment = due_payment(source=a, target=b, amount=1)
+    claimed(payment)
+    assert not Event.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_change_writes_no_event():
+    a, b = funded_account(balance=100), funded_account()
+    payment = future_payment(source=a, target=b)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        payment_cancel(payment_id=payment.id, actor=a.owner)
+        assert types_of(payment_id=payment.id) == [events.PAYMENT_CANCELLED]  # visible inside
+        raise RuntimeError("roll back")
+    assert not Event.objects.exists()
+    payment_cancel(payment_id=payment.id, actor=a.owner)
+    assert types_of(payment_id=payment.id) == [events.PAYMENT_CANCELLED]
+
+
+@pytest.mark.django_db
+def test_cancel_and_reschedule():
+    a, b = funded_account(balance=100), funded_account()
+    payment = future_payment(source=a, target=b)
+    payment_update(payment_id=payment.id, actor=a.owner, amount=7)
+    payment_cancel(payment_id=payment.id, actor=a.owner)
+    assert types_of(payment_id=payment.id) == [events.PAYMENT_RESCHEDULED, events.PAYMENT_CANCELLED]
+    rescheduled, cancelled = Event.objects.filter(payment_id=payment.id).order_by("id")
+    assert (rescheduled.snapshot["amount"], rescheduled.version) == (7, 2)
+    assert (cancelled.snapshot["status"], cancelled.version) == ("CANCELLED", 3)
+
+
+@pytest.mark.django_db
+def test_park_writes_needs_review(settings):
+    a, b = funded_account(balance=100), funded_account()
+    payment = parked_payment(settings, source=a, target=b)
+    (event,) = Event.objects.filter(payment_id=payment.id)
+    assert (event.type, event.snapshot["status"]) == (events.PAYMENT_NEEDS_REVIEW, "NEEDS_REVIEW")
+
+
+@pytest.mark.django_db
+def test_pause_resume_end_of_a_series():
+    a, b = funded_account(balance=100), funded_account()
+    rec = recurring_create(
+        payer=a.owner,
+        from_account_id=a.id,
+        to_account_id=b.id,
+        amount=5,
+        start_at=timezone.now() + timedelta(hours=1),
+        interval="P1D",
+    )
+    recurring_pause(recurring_id=rec.id, actor=a.owner)
+    recurring_resume(recurring_id=rec.id, actor=a.owner)
+    recurring_end(recurring_id=rec.id, actor=a.owner)
+    assert types_of(recurring_id=rec.id) == [events.RECURRING_PAUSED, events.RECURRING_RESUMED, events.RECURRING_ENDED]
+    paused = Event.objects.filter(recurring_id=rec.id).order_by("id").first()
+    assert (paused.snapshot["status"], paused.owner_id) == ("PAUSED", a.owner_id)
+    # The occurrences the pause and the end cancelled are payment.cancelled events.
+    cancelled = Event.objects.filter(type=events.PAYMENT_CANCELLED, snapshot__recurring_id=rec.id)
+    assert cancelled.count() == 2
+
+
+def test_the_triggers_map_kinds_as_events_py_says():
+    """The SQL in migration 0002 and the maps in webhooks/events.py agree."""
+    from importlib import import_module
+
+    migration = import_module("webhooks.migrations.0002_outbox_triggers")
+    pairs = dict(re.findall(r"WHEN '(\w+)' THEN '(payment\.\w+)'", migration.TRIGGERS))
+    assert pairs == events.PAYMENT_KIND_TO_TYPE
+    assert set(events.PAYMENT_KIND_TO_TYPE) <= set(PaymentEvent.Kind.values)
+    payment_kinds, recurring_kinds = re.findall(r"e\.kind IN \(([^)]*)\)", migration.TRIGGERS)
+    assert set(re.findall(r"'(\w+)'", payment_kinds)) == set(events.PAYMENT_KIND_TO_TYPE)
+    assert set(re.findall(r"'(\w+)'", recurring_kinds)) == set(events.RECURRING_KIND_TO_TYPE)
+    assert set(events.RECURRING_KIND_TO_TYPE) <= set(RecurringEvent.Kind.values)
+    assert {f"recurring_payment.{k}" for k in events.RECURRING_KIND_TO_TYPE} == set(
+        events.RECURRING_KIND_TO_TYPE.values()
+    )
+    assert set(events.PAYMENT_KIND_TO_TYPE.values()) | set(events.RECURRING_KIND_TO_TYPE.values()) == set(
+        events.EVENT_TYPES
+    )
+
+
+@pytest.mark.django_db
+def test_the_triggers_are_statement_level():
+    with connection.cursor() as cur:
+        cur.execute("SELECT tgname, tgtype & 1 FROM pg_trigger WHERE tgname LIKE 'webhooks_%%_outbox' ORDER BY tgname")
+        assert cur.fetchall() == [("webhooks_payment_outbox", 0), ("webhooks_recurring_outbox", 0)]
