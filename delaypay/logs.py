@@ -98,6 +98,11 @@ def logging_config(*, level: str, fmt: str) -> dict:
         "loggers": {
             "django.db.backends": {"level": "INFO"},
             "celery": {"level": level},
+            # httpx (webhook delivery) logs every request with its full URL at INFO: a
+            # receiver's URL may carry a token of its owner's. webhooks/dispatcher.py logs
+            # what a delivery did, by ids, itself.
+            "httpx": {"level": "WARNING"},
+            "httpcore": {"level": "WARNING"},
         },
     }
 

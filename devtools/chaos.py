@@ -774,6 +774,7 @@ def webhook_figures(received: Summary, figures: Figures) -> dict:
         "attempts": attempts,
         "requests_received": received.requests,
         "unverified": received.unverified,
+        "incomplete": received.incomplete,
         "received_twice": received_twice,
         "undelivered": undelivered,
         "not_received": not_received,

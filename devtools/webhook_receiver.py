@@ -155,11 +155,19 @@ class Handler(BaseHTTPRequestHandler):
             state.requests += 1
             state.inflight += 1
         try:
-            payload, error = state.secrets.verify(body, headers)
+            # A sender that gave up mid-body (its timeout, a killed dispatcher) leaves fewer
+            # bytes than announced: not a bad signature, a request that never arrived whole.
+            incomplete = len(body) < min(length, MAX_BODY)
+            if incomplete:
+                payload, error = None, f"incomplete body: {len(body)} of {length} bytes"
+            else:
+                payload, error = state.secrets.verify(body, headers)
             with state.lock:
                 state.tries[webhook_id] += 1
                 attempt = state.tries[webhook_id]
-            if payload is None:
+            if incomplete:
+                status = 400
+            elif payload is None:
                 status = 401
             elif attempt <= state.fail_first and state.fails(webhook_id):
                 status = 500
@@ -175,6 +183,7 @@ class Handler(BaseHTTPRequestHandler):
                 "recurring_id": data.get("recurring_id"),
                 "version": data.get("version"),
                 "verified": payload is not None,
+                "incomplete": incomplete,
                 "status": status,
                 "try": attempt,
                 "signatures": len(headers.get("webhook-signature", "").split()),
@@ -259,7 +268,8 @@ class Summary:
     requests: int = 0
     by_id: dict[str, list[dict]] = field(default_factory=dict)  # webhook-id -> its requests, in order
     delivered: set[str] = field(default_factory=set)  # ids answered 2xx after a verified signature
-    unverified: int = 0  # requests no secret verified
+    unverified: int = 0  # whole requests no secret verified
+    incomplete: int = 0  # requests whose sender stopped mid-body (timed out, killed): retried
     types: Counter = field(default_factory=Counter)  # delivered ids by event type
 
     @property
@@ -275,7 +285,9 @@ def summarize(entries: list[dict]) -> Summary:
     out = Summary(requests=len(entries))
     for entry in entries:
         by_id[entry["webhook_id"]].append(entry)
-        if not entry["verified"]:
+        if entry.get("incomplete"):
+            out.incomplete += 1
+        elif not entry["verified"]:
             out.unverified += 1
         elif 200 <= entry["status"] < 300 and entry["webhook_id"] not in out.delivered:
             out.delivered.add(entry["webhook_id"])

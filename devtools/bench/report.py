@@ -142,6 +142,7 @@ def webhook_lines(hooks: dict | None) -> list[str]:
         f" no webhooks process)  ->  {_num(hooks.get('ratio_outbox_only_vs_without'), '.2f')}x",
         f"  delivered         {hooks.get('delivered', 0):,} of {hooks.get('events', 0):,} events"
         f" ({hooks.get('requests_received', 0):,} requests received, {hooks.get('unverified', 0)} unverified,"
+        f" {hooks.get('incomplete', 0)} cut short by the sender,"
         f" {hooks.get('not_received', 0)} not received, {hooks.get('failed', 0)} failed)",
         f"  delivery rate     {_num(hooks.get('deliveries_per_s'))} events/s; backlog drained"
         f" {_num(hooks.get('backlog_drain_s'), '.1f')} s after the due instant"

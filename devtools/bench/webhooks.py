@@ -111,6 +111,7 @@ def delivery_figures(*, due_at: float, payments_done_at: float | None, received)
         "failed": failed,
         "requests_received": received.requests,
         "unverified": received.unverified,
+        "incomplete": received.incomplete,
         "not_received": not_received,
         "correct": bool(events) and len(rows) == events and not (failed or not_received or received.unverified),
     }

@@ -2,6 +2,7 @@
 disabling, leases, rotation, resend, and what the payload says."""
 
 import json
+import logging
 import time
 from datetime import timedelta
 
@@ -400,3 +401,15 @@ def test_no_row_lock_is_held_while_the_receiver_answers(receiver):
     endpoint_for(payment.payer, receiver.url)
     assert dispatch_once().succeeded == 1
     assert locked_ok == [True]
+
+
+@pytest.mark.django_db
+def test_a_delivery_never_logs_the_receivers_url(receiver, caplog):
+    """A receiver's URL may carry its owner's token; httpx would log it with every request."""
+    caplog.set_level(logging.DEBUG, logger="webhooks")
+    payment = executed_payment()
+    endpoint_for(payment.payer, f"{receiver.url}?token=s3cret-of-the-owner")
+    assert dispatch_once().succeeded == 1
+    assert len(receiver.requests) == 1
+    assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING
+    assert "s3cret-of-the-owner" not in caplog.text
