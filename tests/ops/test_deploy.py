@@ -100,7 +100,8 @@ def test_alert_rules_reference_exported_metrics(exported):
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
     check_expressions([rule["expr"] for rule in rules], exported)
     wanted = {"DelaypayDuePaymentsLate", "DelaypayPromoterNotTicking", "DelaypayLeasesExpiring",
-              "DelaypayFailureRateSpike", "DelaypayReconcileViolation"}
+              "DelaypayFailureRateSpike", "DelaypayReconcileViolation", "DelaypayDegradedMode",
+              "DelaypayPaymentsNeedReview", "DelaypayRecurringGenerationFailing", "DelaypayWebhooksBehind"}
     assert wanted <= {rule["alert"] for rule in rules}
 
 
