@@ -11,6 +11,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 PORT ?= 8000
+DEMO_RECEIVER_PORT ?= 8099
 export PATH := $(abspath $(BIN)):$(PATH)
 # Every process `make run` starts writes its metrics to this directory; web's /metrics
 # sums them (docs/reference/operations.md, "Metrics"). The tests use their own (pyproject.toml).
@@ -48,8 +49,14 @@ run: install services metrics-dir
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py ensure_database
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py migrate --noinput
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py staff_groups
-	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py demo
-	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/honcho start -p $(PORT) web worker promoter webhooks beat
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py demo \
+	  --webhook-url http://127.0.0.1:$(DEMO_RECEIVER_PORT)/ --webhook-secret-file var/demo-webhook-secrets
+	@# The Procfile's processes plus a demo webhook receiver (devtools/webhook_receiver.py: it
+	@# verifies each signature and logs one JSON line per delivery to var/demo-webhooks.jsonl).
+	@{ cat Procfile; echo "demo-receiver: python -m devtools.webhook_receiver --port $(DEMO_RECEIVER_PORT)" \
+	  "--secret-file var/demo-webhook-secrets --log var/demo-webhooks.jsonl"; } > var/Procfile.run
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/honcho -f var/Procfile.run -d . start -p $(PORT) \
+	  web worker promoter webhooks beat demo-receiver
 
 # Flower (optional): the Celery monitoring UI on http://127.0.0.1:5555 (FLOWER_PORT).
 flower: install

@@ -262,7 +262,7 @@ def account_create(*, owner, name: str) -> Account:
 def account_set_status(*, account_id: str, status: str) -> Account:
     """Freeze, unfreeze or close an account. Closing is final."""
     with transaction.atomic():
-        account = Account.objects.select_for_update().get(pk=account_id)
+        account = Account.objects.select_for_update(no_key=True).get(pk=account_id)
         if account.status == Account.Status.CLOSED and status != Account.Status.CLOSED:
             raise AccountStateError("a closed account cannot be reopened")
         if account.status != status:

@@ -153,7 +153,7 @@ def endpoint_create(*, owner, url: str, events: list[str], description: str = ""
 
 
 def _locked_own(*, owner, endpoint_id: str, expected_version: int | None) -> Endpoint:
-    endpoint = Endpoint.objects.select_for_update().filter(pk=endpoint_id, owner=owner).first()
+    endpoint = Endpoint.objects.select_for_update(no_key=True).filter(pk=endpoint_id, owner=owner).first()
     if endpoint is None:
         raise EndpointNotFound()
     if expected_version is not None and endpoint.version != expected_version:

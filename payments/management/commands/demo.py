@@ -2,6 +2,7 @@
 
 import os
 from datetime import timedelta
+from pathlib import Path
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -16,6 +17,16 @@ from payments.services import payment_cancel, payment_schedule
 
 class Command(BaseCommand):
     help = "Create demo users and accounts (once) and schedule fresh demo payments (every run)."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--webhook-url", default="",
+            help="give alice a webhook endpoint for every event type at this URL (make run: the demo receiver)",
+        )
+        parser.add_argument(
+            "--webhook-secret-file", default="",
+            help="append the endpoint's signing secret to this file (the demo receiver reads it)",
+        )
 
     def handle(self, *args, **options):
         password = os.environ.get("DELAYPAY_DEMO_PASSWORD", "demo-password")
@@ -39,6 +50,8 @@ class Command(BaseCommand):
             people[name] = (user, account)
 
         (alice, alice_acc), (bob, bob_acc) = people["alice"], people["bob"]
+        if options["webhook_url"]:
+            self.subscribe(alice, options["webhook_url"], options["webhook_secret_file"])
 
         # Four-eyes money: two treasury staff (the group comes from `staff_groups`), and a
         # deposit above DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD one of them asked for, waiting
@@ -89,3 +102,23 @@ class Command(BaseCommand):
             " -d '{\"username\": \"alice\", \"password\": \"demo-password\"}' http://127.0.0.1:8000/api/v1/auth/token\n"
             f"then:  curl -s -H 'Authorization: Token <token>' http://127.0.0.1:8000/api/v1/payments/{scheduled[0].id}"
         )
+
+    def subscribe(self, owner, url: str, secret_file: str) -> None:
+        """Once: an endpoint of ``owner`` for every event type at ``url`` (a loopback
+        receiver; allowed with DJANGO_DEBUG=1), its secret appended to ``secret_file``."""
+        from webhooks.endpoints import endpoint_create
+        from webhooks.events import EVENT_TYPES
+        from webhooks.models import Endpoint
+
+        endpoint = Endpoint.objects.filter(owner=owner, url=url).first()
+        if endpoint is None:
+            created = endpoint_create(owner=owner, url=url, events=list(EVENT_TYPES), description="demo receiver")
+            endpoint = created.endpoint
+        if secret_file:
+            path = Path(secret_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            known = path.read_text().split() if path.exists() else []
+            if endpoint.secret not in known:
+                with path.open("a") as f:
+                    f.write(endpoint.secret + "\n")
+        self.stdout.write(f"webhooks: alice's payments are signed and sent to {url} ({endpoint.id})")

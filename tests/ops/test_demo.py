@@ -1,0 +1,24 @@
+"""`manage.py demo`, as `make run` calls it: idempotent people and setup, fresh payments."""
+
+import pytest
+from django.core.management import call_command
+
+from ledger.models import DepositRequest
+from payments.models import ScheduledPayment
+from webhooks.models import Endpoint
+
+pytestmark = pytest.mark.django_db
+
+
+def test_demo_twice_sets_up_once_and_schedules_each_time(settings, staff_groups, tmp_path):
+    settings.DELAYPAY_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+    secrets = tmp_path / "secrets"
+    for _ in range(2):
+        call_command("demo", webhook_url="http://127.0.0.1:8099/", webhook_secret_file=str(secrets), stdout=None)
+    endpoint = Endpoint.objects.get()
+    assert endpoint.owner.username == "alice" and endpoint.enabled
+    assert secrets.read_text().split() == [endpoint.secret]  # appended once
+    request = DepositRequest.objects.get()  # four eyes: one request waits for approval
+    assert request.status == "pending" and request.requested_by.username == "treasurer"
+    assert request.requested_by.groups.filter(name="treasury").exists()
+    assert ScheduledPayment.objects.count() == 14  # seven a run: five due, one underfunded, one cancelled
