@@ -67,6 +67,16 @@ def http_client() -> httpx.Client:
     return _client
 
 
+def close_http_client() -> None:
+    """Close the pooled connections (the next delivery opens a new client): a test whose
+    receiver is gone, or a process shutting down."""
+    global _client
+    with _client_lock:
+        if _client is not None:
+            _client.close()
+            _client = None
+
+
 @dataclass(frozen=True)
 class Claimed:
     """A claimed delivery with what its request needs."""

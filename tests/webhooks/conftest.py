@@ -1,5 +1,7 @@
 import pytest
 
+from webhooks.dispatcher import close_http_client
+
 from .receiver import Receiver
 
 
@@ -11,4 +13,5 @@ def receiver(settings):
     try:
         yield started
     finally:
+        close_http_client()  # its pooled connections point at this receiver
         started.stop()
