@@ -644,7 +644,8 @@ def cancel_while_draining(workload: Workload, figures: Figures, stop: threading.
     try:
         for offset, payment_id in workload.cancels:
             while not stop.is_set() and time.time() < workload.first_due + offset:
-                time.sleep(min(0.05, workload.first_due + offset - time.time()))
+                # max(0, ...): the moment may pass between the check and the subtraction.
+                time.sleep(max(0.0, min(0.05, workload.first_due + offset - time.time())))
             if stop.is_set():
                 return
             answer = None
