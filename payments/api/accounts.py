@@ -2,10 +2,8 @@
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from common.authz import staff_may
 from ledger.models import Account
 from ledger.selectors import account_visible_to, transfer_list_for_account
 from ledger.services import account_create, account_deposit_check, deposit_submit
@@ -13,7 +11,7 @@ from payments.exceptions import AccountNotFound
 from payments.selectors import payment_list_for_account
 
 from . import serializers as s
-from .base import ACCOUNT_ORDER, PAYMENT_ORDER, TRANSFER_ORDER, ApiView, render
+from .base import ACCOUNT_ORDER, PAYMENT_ORDER, TRANSFER_ORDER, ApiView, needs_permission, render
 from .idempotency import run_idempotent
 from .pagination import paginated_response
 from .schema import IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, READ, RETRY_AFTER, WRITE, WWW_AUTHENTICATE, errors, page_of
@@ -29,14 +27,9 @@ def visible_account(request, account_id: str) -> Account:
     return account
 
 
-class CanDeposit(BasePermission):
-    """Money enters the system only by staff holding ``ledger.deposit_account``: the same
-    permission the admin's deposit form asks for (a read-only auditor has none)."""
-
-    message = "Depositing needs the ledger.deposit_account permission."
-
-    def has_permission(self, request, view):
-        return staff_may(request.user, "ledger.deposit_account")
+# Money enters the system only by staff holding ledger.deposit_account: the same permission
+# the admin's deposit form asks for (a read-only auditor has none).
+CanDeposit = needs_permission("ledger.deposit_account", "Depositing needs the ledger.deposit_account permission.")
 
 
 class AccountListCreateView(ApiView):

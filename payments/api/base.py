@@ -4,8 +4,11 @@ Their views parse, call one service or selector, render. Business rules live in 
 services; who may see what lives in the selectors; the OpenAPI description of each
 operation sits on its method; payments/api/errors.py turns exceptions into HTTP."""
 
+from rest_framework.permissions import BasePermission
 from rest_framework.renderers import JSONRenderer
 from rest_framework.views import APIView
+
+from common.authz import staff_may
 
 # Newest first everywhere; the last field makes every ordering unique (cursor-stable).
 PAYMENT_ORDER = ("-execute_at", "-id")
@@ -24,3 +27,16 @@ class ApiView(APIView):
     405 and absent from Allow."""
 
     http_method_names = ["get", "post", "patch", "delete", "head"]
+
+
+def needs_permission(perm: str, message: str) -> type[BasePermission]:
+    """A view permission: the same model permission the admin asks for the act
+    (common/authz.py, ``staff_may``); ``message`` is the 403's detail."""
+
+    class ModelPermission(BasePermission):
+        def has_permission(self, request, view):
+            return staff_may(request.user, perm)
+
+    ModelPermission.message = message
+    ModelPermission.__name__ = ModelPermission.__qualname__ = f"Needs({perm})"
+    return ModelPermission

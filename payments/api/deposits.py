@@ -3,37 +3,25 @@ second staff member approves (the money moves) or rejects them. Four eyes: whoev
 requested a deposit may not decide it (403 self_approval_forbidden)."""
 
 from drf_spectacular.utils import extend_schema
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from common.authz import staff_may
 from ledger.selectors import deposit_request_get, deposit_requests
 from ledger.services import DepositRequestNotFound, deposit_request_approve, deposit_request_reject
 
 from . import serializers as s
-from .base import ApiView
+from .base import ApiView, needs_permission
 from .pagination import paginated_response
 from .schema import READ, WRITE, WWW_AUTHENTICATE, errors, page_of
 
 DEPOSIT_REQUEST_ORDER = ("-created_at", "-id")
 
 
-class CanViewDepositRequests(BasePermission):
-    """Reading deposit requests is a staff read: ``ledger.view_depositrequest``, as in the admin."""
-
-    message = "Reading deposit requests needs the ledger.view_depositrequest permission."
-
-    def has_permission(self, request, view):
-        return staff_may(request.user, "ledger.view_depositrequest")
-
-
-class CanApproveDeposits(BasePermission):
-    """Approving or rejecting a deposit request needs ``ledger.approve_deposit``, as in the admin."""
-
-    message = "Approving or rejecting a deposit request needs the ledger.approve_deposit permission."
-
-    def has_permission(self, request, view):
-        return staff_may(request.user, "ledger.approve_deposit")
+CanViewDepositRequests = needs_permission(
+    "ledger.view_depositrequest", "Reading deposit requests needs the ledger.view_depositrequest permission."
+)
+CanApproveDeposits = needs_permission(
+    "ledger.approve_deposit", "Approving or rejecting a deposit request needs the ledger.approve_deposit permission."
+)
 
 
 class DepositRequestListView(ApiView):
