@@ -56,7 +56,7 @@ run: install services metrics-dir
 	@{ cat Procfile; echo "demo-receiver: python -m devtools.webhook_receiver --port $(DEMO_RECEIVER_PORT)" \
 	  "--secret-file var/demo-webhook-secrets --log var/demo-webhooks.jsonl"; } > var/Procfile.run
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/honcho -f var/Procfile.run -d . start -p $(PORT) \
-	  web worker promoter webhooks beat demo-receiver
+	  web worker promoter webhooks payouts gateway beat demo-receiver
 
 # Flower (optional): the Celery monitoring UI on http://127.0.0.1:5555 (FLOWER_PORT).
 flower: install
@@ -106,7 +106,7 @@ chaos-ci: install
 # [tool.bandit] lists the checks skipped and why; single findings carry "# nosec" with a reason).
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/bandit --quiet --configfile pyproject.toml --recursive common delaypay devtools ledger payments webhooks
+	$(BIN)/bandit --quiet --configfile pyproject.toml --recursive common delaypay devtools ledger payments rails webhooks
 
 # Production settings must pass Django's deployment checklist.
 check-deploy: install

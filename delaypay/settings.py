@@ -296,6 +296,8 @@ CELERY_TASK_DEFAULT_QUEUE = "execute"
 CELERY_TASK_ROUTES = {
     "payments.tasks.promoter_tick": {"queue": "promoter"},
     "payments.tasks.execute_batch": {"queue": "execute"},
+    # Rail calls wait on an outside gateway: their own queue and process (Procfile ``payouts``).
+    "payments.tasks.execute_payouts": {"queue": "payouts"},
     # HTTP waits on receivers never hold the promoter's tick or the payment workers.
     "webhooks.tasks.dispatch": {"queue": "webhooks"},
 }
@@ -334,6 +336,13 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Daily invariant check; logs ERROR per violated check. On the execute queue, never
     # the promoter's: a long reconcile must not delay a tick.
+    # Daily settlement reconciliation of yesterday (UTC) against each rail's report
+    # (payments/settlement.py), after the previous day's follow-up lookups are over.
+    "reconcile-settlement-daily": {
+        "task": "payments.tasks.reconcile_settlement_daily",
+        "schedule": crontab(hour=env.int("DELAYPAY_SETTLEMENT_HOUR", default=2), minute=7),
+        "options": {"queue": "execute", "expires": 3600},
+    },
     "reconcile-daily": {
         "task": "payments.tasks.reconcile_daily",
         "schedule": crontab(hour=env.int("DELAYPAY_RECONCILE_HOUR", default=3), minute=17),
@@ -407,6 +416,31 @@ DELAYPAY_WEBHOOK_BUDGET_SECONDS = env.float("DELAYPAY_WEBHOOK_BUDGET_SECONDS", d
 _WEBHOOK_LADDER = ["5", "300", "1800", "7200", "18000", "36000", "36000", "50400", "50400", "50400"]
 DELAYPAY_WEBHOOK_RETRY_DELAYS = [float(d) for d in env.list("DELAYPAY_WEBHOOK_RETRY_DELAYS", default=_WEBHOOK_LADDER)]
 
+# Payment rails (payouts to external payees; rails/, docs/reference/payouts.md). The
+# sandbox rail's gateway (the Procfile's ``gateway``) and its API key (sent as a Bearer
+# token when set); each call's timeout and the connections kept per process. Ambiguous
+# outcomes (a timeout, a 5xx) are looked up by key after FOLLOWUP_DELAYS (one step per
+# try, full jitter). The breaker opens after BREAKER_FAILURES consecutive failures, or at
+# BREAKER_ERROR_RATE of at least BREAKER_MIN_CALLS calls in a BREAKER_WINDOW_SECONDS
+# window; it half-opens after BREAKER_COOLDOWN_SECONDS and lets BREAKER_PROBES payouts
+# through. RATE_LIMIT paces submissions per rail, fleet-wide (payouts per second).
+DELAYPAY_RAIL_SANDBOX_URL = env("DELAYPAY_RAIL_SANDBOX_URL", default="http://127.0.0.1:8090")
+DELAYPAY_RAIL_SANDBOX_API_KEY = env("DELAYPAY_RAIL_SANDBOX_API_KEY", default="")
+DELAYPAY_RAIL_TIMEOUT_SECONDS = env.float("DELAYPAY_RAIL_TIMEOUT_SECONDS", default=5.0)
+DELAYPAY_RAIL_CONNECTIONS = env.int("DELAYPAY_RAIL_CONNECTIONS", default=64)
+DELAYPAY_RAIL_CONCURRENCY = env.int("DELAYPAY_RAIL_CONCURRENCY", default=32)
+DELAYPAY_RAIL_RATE_LIMIT = env.float("DELAYPAY_RAIL_RATE_LIMIT", default=1000.0)
+DELAYPAY_RAIL_CLAIM_BATCH = env.int("DELAYPAY_RAIL_CLAIM_BATCH", default=100)
+DELAYPAY_RAIL_FOLLOWUP_DELAYS = [
+    float(d) for d in env.list("DELAYPAY_RAIL_FOLLOWUP_DELAYS", default=["2", "10", "60", "300", "1800"])
+]
+DELAYPAY_RAIL_BREAKER_FAILURES = env.int("DELAYPAY_RAIL_BREAKER_FAILURES", default=5)
+DELAYPAY_RAIL_BREAKER_ERROR_RATE = env.float("DELAYPAY_RAIL_BREAKER_ERROR_RATE", default=0.5)
+DELAYPAY_RAIL_BREAKER_MIN_CALLS = env.int("DELAYPAY_RAIL_BREAKER_MIN_CALLS", default=20)
+DELAYPAY_RAIL_BREAKER_WINDOW_SECONDS = env.float("DELAYPAY_RAIL_BREAKER_WINDOW_SECONDS", default=30.0)
+DELAYPAY_RAIL_BREAKER_COOLDOWN_SECONDS = env.float("DELAYPAY_RAIL_BREAKER_COOLDOWN_SECONDS", default=10.0)
+DELAYPAY_RAIL_BREAKER_PROBES = env.int("DELAYPAY_RAIL_BREAKER_PROBES", default=1)
+
 # --- Operations: metrics, readiness, logs (docs/reference/operations.md) --------------------
 
 # Multiprocess mode for prometheus_client: every process of a host writes its metrics to
@@ -431,6 +465,9 @@ DELAYPAY_READY_REQUIRE_PROMOTER = env.bool("DELAYPAY_READY_REQUIRE_PROMOTER", de
 # expired, and a SCHEDULED payment overdue, before it is a violation.
 DELAYPAY_RECONCILE_STUCK_SECONDS = env.float("DELAYPAY_RECONCILE_STUCK_SECONDS", default=300.0)
 DELAYPAY_RECONCILE_OVERDUE_SECONDS = env.float("DELAYPAY_RECONCILE_OVERDUE_SECONDS", default=300.0)
+# A payout's funds reserved longer than this (its whole budget of tries and follow-ups fits
+# well within it) is a violation unless it is parked for review.
+DELAYPAY_RECONCILE_PENDING_SECONDS = env.float("DELAYPAY_RECONCILE_PENDING_SECONDS", default=3600.0)
 
 # --- Logging: never log secrets or request bodies -------------------------------------
 

@@ -24,6 +24,7 @@ and checks that every terminal payment produced exactly one event of its termina
 and at least one verified, successful delivery.
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,22 +39,26 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.core.management import call_command
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 
 from common.ids import new_id
+from devtools.gateway import SandboxGateway, free_port
 from devtools.processes import Stack
 from devtools.sandbox import PrivatePostgres, PrivateRedis, pick_port
 from devtools.webhook_receiver import ReceiverProcess, Summary
-from ledger.models import Account
+from ledger.models import Account, PendingTransfer
 from ledger.services import Posting, ledger_post_batch
-from payments.exceptions import PaymentNotCancellable
-from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
+from payments.exceptions import PaymentNotCancellable, PayoutOutcomeUnknown
+from payments.models import Payee, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
 from payments.services import db_now, payment_cancel
+from payments.settlement import reconcile_settlement
 from payments.tasks import execute_batch
+from rails.base import close_rails
 from webhooks.events import EVENT_TYPES
 from webhooks.models import Endpoint
 
@@ -102,6 +107,35 @@ WEBHOOK_ENV = {
     "DELAYPAY_WEBHOOK_LEASE_SECONDS": "10",
 }
 
+# With payouts: the gateway's faults (its control endpoint), its outage (the process
+# stopped: connections refused) and kills of the payouts process, from their own stream.
+PAYOUT_FAULTS: dict[str, int] = {
+    "gateway_timeouts": 1,  # timeout_rate 0.3: payouts recorded, then the answer dropped
+    "gateway_errors": 1,  # error_rate 0.5: 5xx before anything is recorded
+    "gateway_latency": 1,  # latency_ms 300
+    "gateway_down": 1,  # the gateway process stopped for --gateway-outage-seconds, then started again
+    "kill_payouts": 2,  # SIGKILL the payouts process mid-flight; the supervisor restarts it
+}
+
+# The gateway faults set over its control endpoint: the setting and its value.
+GATEWAY_SETTINGS = {
+    "gateway_timeouts": ("timeout_rate", 0.3),
+    "gateway_errors": ("error_rate", 0.5),
+    "gateway_latency": ("latency_ms", 300),
+}
+
+# The processes' payout settings in a run: follow-ups of seconds whose sum (38 s) outlasts
+# every fault window but the outage (during which the breaker holds them), a short
+# cool-down, a rate limit that does not slow the run.
+PAYOUT_ENV = {
+    "DELAYPAY_RAIL_TIMEOUT_SECONDS": "2",
+    "DELAYPAY_RAIL_FOLLOWUP_DELAYS": "1,2,5,10,20",
+    "DELAYPAY_RAIL_BREAKER_COOLDOWN_SECONDS": "3",
+    "DELAYPAY_RAIL_RATE_LIMIT": "2000",
+}
+
+SETTLEMENT_ACCOUNT = "acc_sandbox_settlement"
+
 # The faults that take a service down, by service.
 OUTAGE_KINDS = {"redis": ("restart_redis", "long_broker_outage"), "postgres": ("restart_postgres",)}
 
@@ -141,6 +175,8 @@ class Options:
     webhook_fail_first: int = 1  # the receiver answers 500 to the first N tries of an event ...
     webhook_fail_share: float = 0.1  # ... for this share of the events (each failure is one more request)
     webhook_drain_timeout: float = 120.0  # after convergence, seconds for every event to be delivered
+    payouts: float = 0.1  # share of the payments that are payouts (the sandbox gateway, its faults and checks)
+    gateway_outage_seconds: float = 60.0  # the gateway_down fault: the gateway process stopped this long
     pg_port: int = 55432
     redis_port: int = 56379
     cluster: str = "delaypay_chaos"
@@ -165,6 +201,25 @@ def webhook_fault_plan(options: Options) -> list[Fault]:
     return [
         Fault(at=round(rng.uniform(0.5, options.window), 2), kind=kind, target=0, duration=round(durations[kind](), 2))
         for kind, n in WEBHOOK_FAULTS.items() for _ in range(n)
+    ]
+
+
+def payout_fault_plan(options: Options) -> list[Fault]:
+    """The gateway's faults (none without payouts or without faults), from their own stream."""
+    if options.payouts <= 0 or options.faults == 0:
+        return []
+    rng = random.Random(f"payout-faults:{options.seed}")
+    durations = {
+        "gateway_timeouts": lambda: rng.uniform(5.0, 12.0),
+        "gateway_errors": lambda: rng.uniform(5.0, 12.0),
+        "gateway_latency": lambda: rng.uniform(5.0, 10.0),
+        "gateway_down": lambda: options.gateway_outage_seconds,
+        "kill_payouts": lambda: rng.uniform(0.5, 3.0),
+    }
+    return [
+        Fault(at=round(rng.uniform(0.5, options.window * 0.8), 2), kind=kind, target=0,
+              duration=round(durations[kind](), 2))
+        for kind, n in PAYOUT_FAULTS.items() for _ in range(n)
     ]
 
 
@@ -220,7 +275,8 @@ def fault_plan(options: Options) -> list[Fault]:
                 if fault.at < ready:
                     faults[i] = fault = Fault(round(ready, 2), fault.kind, fault.target, fault.duration)
                 ready = fault.at + fault.duration + 2.0
-    return sorted(faults + workers_down + webhook_fault_plan(options), key=lambda f: (f.at, f.kind))
+    return sorted(faults + workers_down + webhook_fault_plan(options) + payout_fault_plan(options),
+                  key=lambda f: (f.at, f.kind))
 
 
 def plan_digest(plan: list[Fault]) -> str:
@@ -234,6 +290,7 @@ class Workload:
     cancels: list[tuple[float, str]]  # (seconds after the first due time, payment id)
     first_due: float  # time.time() of the first due instant
     endpoint_secrets: list[str] = field(default_factory=list)  # one webhook endpoint per user
+    payouts: set[str] = field(default_factory=set)  # the payments that are payouts (to: the settlement account)
 
 
 def db_retry(fn, *, timeout: float = 120.0):
@@ -264,12 +321,20 @@ def build_workload(options: Options, *, lead_seconds: float, webhook_url: str | 
         accounts = Account.objects.bulk_create(
             [Account(id=new_id("acc"), owner=u, name=f"chaos {i}", kind=Account.Kind.USER) for i, u in enumerate(users)]
         )
+        # One sandbox payee per user; a few of them at destinations the gateway always declines.
+        prng = random.Random(f"payouts:{options.seed}")
+        payee_rows = Payee.objects.bulk_create(
+            [Payee(id=new_id("pye"), owner=u, name=f"chaos payee {i}", rail="sandbox",
+                   destination=f"decline-{i}" if prng.random() < 0.05 else f"acct_{i}")
+             for i, u in enumerate(users)] if options.payouts > 0 else []
+        )
         endpoints = Endpoint.objects.bulk_create(
             [Endpoint(owner=u, url=webhook_url, events=list(EVENT_TYPES), description="chaos") for u in users]
             if webhook_url else []
         )
     ids = [a.id for a in accounts]
     owners = {a.id: a.owner for a in accounts}
+    payee_of = {p.owner_id: p.id for p in payee_rows}
 
     # Most accounts hold what they will send; the underfunded hold a third of it and
     # receive nothing, so some of their payments fail with insufficient_funds (which
@@ -298,6 +363,7 @@ def build_workload(options: Options, *, lead_seconds: float, webhook_url: str | 
     start = db_now() + timedelta(seconds=lead_seconds)
     first_due = time.time() + lead_seconds
     payments: dict[str, tuple[str, str, int]] = {}
+    payout_ids: set[str] = set()
     chunk = 5000
     for i in range(0, len(planned), chunk):
         rows, events = [], []
@@ -305,8 +371,14 @@ def build_workload(options: Options, *, lead_seconds: float, webhook_url: str | 
             pid = new_id("pay")
             execute_at = start + timedelta(seconds=offset)
             owner = owners[source]
-            rows.append(ScheduledPayment(id=pid, payer=owner, from_account_id=source, to_account_id=target,
-                                         amount=amount, execute_at=execute_at))
+            if payee_of and prng.random() < options.payouts:
+                rows.append(ScheduledPayment(id=pid, payer=owner, from_account_id=source, rail="sandbox",
+                                             to_payee_id=payee_of[owner.pk], amount=amount, execute_at=execute_at))
+                payout_ids.add(pid)
+                target = SETTLEMENT_ACCOUNT  # where its money ends when the rail pays it
+            else:
+                rows.append(ScheduledPayment(id=pid, payer=owner, from_account_id=source, to_account_id=target,
+                                             amount=amount, execute_at=execute_at))
             events.append(PaymentEvent(payment_id=pid, kind=PaymentEvent.Kind.CREATED,
                                        to_status=PaymentStatus.SCHEDULED, actor=f"user:{owner.pk}",
                                        actor_user=owner,
@@ -320,7 +392,7 @@ def build_workload(options: Options, *, lead_seconds: float, webhook_url: str | 
     pids = list(payments)
     cancels = sorted((max(0.0, planned[i][0] + rng.uniform(-1.0, 0.5)), pids[i]) for i in chosen)
     return Workload(deposits=deposits, payments=payments, cancels=cancels, first_due=first_due,
-                    endpoint_secrets=[e.secret for e in endpoints])
+                    endpoint_secrets=[e.secret for e in endpoints], payouts=payout_ids)
 
 
 @dataclass
@@ -344,11 +416,14 @@ class Injector:
     core processes running the way a supervisor (systemd, Kubernetes) would."""
 
     def __init__(self, *, stack: Stack, pg: PrivatePostgres, redis: PrivateRedis, options: Options,
-                 figures: Figures, workers: list[str], receiver: ReceiverProcess | None = None):
+                 figures: Figures, workers: list[str], receiver: ReceiverProcess | None = None,
+                 gateway: SandboxGateway | None = None):
         self.stack, self.pg, self.redis, self.options, self.figures = stack, pg, redis, options, figures
         self.workers = workers
         self.receiver = receiver
-        self.core = [*workers, "promoter", "beat", *(["webhooks"] if receiver is not None else [])]
+        self.gateway = gateway  # a control client of the gateway process the stack runs
+        self.core = [*workers, "promoter", "beat", *(["webhooks"] if receiver is not None else []),
+                     *(["payouts", "gateway"] if gateway is not None else [])]
         self.down: set[str] = set()  # deliberately stopped, not for the supervisor to restart
         self.paused: dict[str, int] = {}  # name -> process group we stopped
         self.lock = threading.RLock()  # the zombie thread and the plan both touch the stack
@@ -366,6 +441,10 @@ class Injector:
             self.stack.start_promoter(name)
         elif name.startswith("webhooks"):
             self.stack.start_webhooks(name)
+        elif name.startswith("payouts"):
+            self.stack.start_payouts(name)
+        elif name == "gateway":
+            self.stack.start_gateway(self.gateway.port)
         else:
             self.stack.start_beat(name)
 
@@ -527,6 +606,22 @@ class Injector:
             if not self.redis.running:
                 return "later"  # nothing to deliver through while the broker is down
             return [] if self._redeliver(fault) else self._skip(fault)
+        if kind in GATEWAY_SETTINGS:
+            if self.gateway is None or "gateway" in self.down:
+                return self._skip(fault)
+            name, value = GATEWAY_SETTINGS[kind]
+            try:
+                self.gateway.faults(**{name: value})
+            except Exception:  # the gateway is restarting
+                return "later"
+            return [(fault.duration, f"gateway_clear:{name}")]
+        if kind in ("gateway_down", "kill_payouts"):
+            name = "gateway" if kind == "gateway_down" else "payouts"
+            if name not in self.core or name in self.down:
+                return self._skip(fault)
+            self.down.add(name)
+            self.stack.kill(name, signal.SIGKILL)
+            return [(fault.duration, f"restart:{name}")]
         if kind == "receiver_down":
             if self.receiver is None or not self.receiver.running:
                 return self._skip(fault)
@@ -562,6 +657,9 @@ class Injector:
             self.pg.start()
         elif verb == "receiver_up":
             self.receiver.start()
+        elif verb == "gateway_clear":
+            with contextlib.suppress(Exception):  # restarted meanwhile: its faults are gone with it
+                self.gateway.faults(**{name: 0})
         elif verb == "stop":
             self.stack.kill(name, signal.SIGTERM)
         self.note(f"        {action}")
@@ -654,7 +752,7 @@ def cancel_while_draining(workload: Workload, figures: Figures, stop: threading.
                     owner = ScheduledPayment.objects.select_related("payer").get(pk=payment_id).payer
                     answer = payment_cancel(payment_id=payment_id, actor=owner).status
                     break
-                except PaymentNotCancellable as exc:
+                except (PaymentNotCancellable, PayoutOutcomeUnknown) as exc:
                     answer = exc.status
                     break
                 except DB_ERRORS:
@@ -805,6 +903,57 @@ def describe_webhooks(hooks: dict | None) -> str:
     )
 
 
+def payout_figures(workload: Workload, gateway: SandboxGateway) -> dict:
+    """The payout checks, against the gateway's own storage: for every key it holds at most
+    one payout; every EXECUTED payout has exactly one there, every other none; no reserve
+    is left pending; settlement reconciliation of the run's day(s) finds no mismatch, and
+    finds the one then injected at the gateway (a payout paid there that we never made)."""
+    paid: Counter = Counter(r["idempotency_key"] for r in gateway.all_payouts() if r["status"] == "paid")
+    statuses = dict(ScheduledPayment.objects.filter(pk__in=list(workload.payouts)).values_list("id", "status"))
+    reasons = Counter(ScheduledPayment.objects.filter(pk__in=list(workload.payouts), status=PaymentStatus.FAILED)
+                      .values_list("failure_reason", flat=True))
+    start = datetime.fromtimestamp(workload.first_due - 60, UTC).date()
+    days = [start + timedelta(days=i) for i in range((datetime.now(UTC).date() - start).days + 1)]
+    mismatches = sum(reconcile_settlement(rail="sandbox", day=day).mismatches for day in days)
+    gateway.inject(kind="unknown_payout", amount=7, destination="acct_chaos_injected")
+    injected = reconcile_settlement(rail="sandbox", day=datetime.now(UTC).date())
+    return {
+        "payouts": len(workload.payouts),
+        "executed": sum(1 for st in statuses.values() if st == PaymentStatus.EXECUTED),
+        "failed_by_reason": dict(reasons),
+        "gateway_paid": sum(paid.values()),
+        "keys_paid_twice": sum(1 for n in paid.values() if n > 1),
+        "executed_not_paid_once": sum(1 for pid, st in statuses.items()
+                                      if st == PaymentStatus.EXECUTED and paid.get(pid, 0) != 1),
+        "not_executed_but_paid": sum(1 for pid, st in statuses.items()
+                                     if st != PaymentStatus.EXECUTED and paid.get(pid, 0) > 0),
+        "pending_reserves": PendingTransfer.objects.filter(state=PendingTransfer.State.PENDING).count(),
+        "settlement_days": [d.isoformat() for d in days],
+        "settlement_mismatches": mismatches,
+        "injected_mismatch_found": injected.get("paid_at_rail_not_executed").count == 1 and injected.mismatches == 1,
+    }
+
+
+def payouts_ok(figures: dict | None) -> bool:
+    return figures is None or (
+        not (figures["keys_paid_twice"] or figures["executed_not_paid_once"] or figures["not_executed_but_paid"]
+             or figures["pending_reserves"] or figures["settlement_mismatches"])
+        and figures["injected_mismatch_found"]
+    )
+
+
+def describe_payouts(figures: dict | None) -> str:
+    if figures is None:
+        return ""
+    return (
+        f" payouts: {figures['executed']}/{figures['payouts']} executed gateway_paid={figures['gateway_paid']}"
+        f" keys_paid_twice={figures['keys_paid_twice']} executed_not_paid_once={figures['executed_not_paid_once']}"
+        f" not_executed_but_paid={figures['not_executed_but_paid']} pending_reserves={figures['pending_reserves']}"
+        f" settlement_mismatches={figures['settlement_mismatches']}"
+        f" injected_mismatch_found={figures['injected_mismatch_found']}"
+    )
+
+
 @dataclass
 class Outcome:
     line: str
@@ -878,7 +1027,8 @@ def describe_long_outage(outage: dict | None) -> str:
 
 
 def measure(workload: Workload, figures: Figures, *, converged: bool, converge_seconds: float,
-            options: Options, total_seconds: float, log_dir: Path, received: Summary | None = None) -> Outcome:
+            options: Options, total_seconds: float, log_dir: Path, received: Summary | None = None,
+            payouts: dict | None = None) -> Outcome:
     """Every figure of the run, from the database, the reconciliation and an independent
     model of what the balances must be given the final statuses."""
     report = reconcile(stuck_after_seconds=0, overdue_after_seconds=0, sample_limit=5)
@@ -927,7 +1077,8 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
     )
     injected = sum(figures.injected.values())
     kinds = " ".join(
-        f"{k}={figures.injected[k]}" for k in [*MINIMUM_FAULTS, "workers_down", *WEBHOOK_FAULTS] if figures.injected[k]
+        f"{k}={figures.injected[k]}" for k in [*MINIMUM_FAULTS, "workers_down", *WEBHOOK_FAULTS, *PAYOUT_FAULTS]
+        if figures.injected[k]
     )
     failed = " ".join(f"{k}={v}" for k, v in sorted(reasons.items()))
     numbers = {
@@ -954,6 +1105,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         "unexpected_exits": figures.restarts_unexpected,
         "redelivered": figures.redelivered,
         "webhooks": hooks,
+        "payouts": payouts,
         "converged": converged,
         "converge_seconds": round(converge_seconds, 1),
         "total_seconds": round(total_seconds, 1),
@@ -963,6 +1115,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         converged
         and not (lost or duplicated or conservation or report.violations or cancel_mismatches)
         and webhooks_ok(hooks)
+        and payouts_ok(payouts)
     )
     line = (
         f"chaos {'PASS' if ok else 'FAIL'}: seed={options.seed} payments={numbers['payments']}"
@@ -974,7 +1127,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         f" redelivered={figures.redelivered}"
         f" reconcile_violations={report.violations}"
         f" cancel_mismatches={cancel_mismatches} claims_while_redis_down={claims_while_redis_down}"
-        f" in_process={in_process}{describe_long_outage(outage)}{describe_webhooks(hooks)}"
+        f" in_process={in_process}{describe_long_outage(outage)}{describe_webhooks(hooks)}{describe_payouts(payouts)}"
         f" converge_s={numbers['converge_seconds']}"
         f"{'' if converged else ' (NOT CONVERGED)'} total_s={numbers['total_seconds']}"
     )
@@ -1001,6 +1154,7 @@ def run(options: Options, *, say) -> Outcome:
     redis = PrivateRedis(port=pick_port(options.redis_port, {pg.port}), directory=log_dir / "redis")
     stack = None
     receiver = None
+    gateway = None
     stop = threading.Event()
     canceller = None
     injector = None
@@ -1017,17 +1171,29 @@ def run(options: Options, *, say) -> Outcome:
                                        fail_first=options.webhook_fail_first,
                                        fail_share=options.webhook_fail_share).start()
 
-        stack = Stack(log_dir, env=stack_env(options, redis))
+        env = stack_env(options, redis)
+        if options.payouts > 0:
+            # The sandbox gateway, a process of the stack (the Procfile's line), and a control
+            # client of it for the faults and the checks.
+            gateway = SandboxGateway(port=free_port(), db_path=log_dir / "gateway-control.db")
+            env |= {**PAYOUT_ENV, "DELAYPAY_RAIL_SANDBOX_URL": gateway.url}
+            settings.DELAYPAY_RAIL_SANDBOX_URL = gateway.url  # this process's settlement checks
+            close_rails()
+        stack = Stack(log_dir, env=env)
         workers = [f"worker{i + 1}" for i in range(options.workers)]
         stack.start_all(workers=options.workers, concurrency=options.concurrency)
         if receiver is not None:
             stack.start_webhooks()
+        if gateway is not None:
+            stack.start_gateway(gateway.port)
+            stack.start_payouts()
         figures = Figures()
         injector = Injector(stack=stack, pg=pg, redis=redis, options=options, figures=figures, workers=workers,
-                            receiver=receiver)
+                            receiver=receiver, gateway=gateway)
 
         # Booting Celery is CPU-heavy: let it finish before timing the workload.
-        stack.wait_ready([*workers, "promoter", *(["webhooks"] if receiver else [])], timeout=120)
+        stack.wait_ready([*workers, "promoter", *(["webhooks"] if receiver else []),
+                          *(["payouts"] if gateway else [])], timeout=120)
         lead = 3.0 + options.payments / 2000  # time to write the payments before the first is due
         workload = build_workload(options, lead_seconds=lead, webhook_url=receiver.url if receiver else None)
         if receiver is not None:
@@ -1068,12 +1234,17 @@ def run(options: Options, *, say) -> Outcome:
             figures.webhook_drain_seconds = time.monotonic() - drain_started
             say(f"chaos: webhooks {'drained' if figures.webhooks_drained else 'NOT drained'} "
                 f"{figures.webhook_drain_seconds:.1f}s after convergence")
+        payouts = None
+        if gateway is not None:
+            injector.supervise()  # the gateway must answer the checks
+            payouts = db_retry(lambda: payout_figures(workload, gateway))
         stack.stop()
         if receiver is not None:
             receiver.stop()
             received = receiver.summary()
         outcome = measure(workload, figures, converged=converged, converge_seconds=waited, options=options,
-                          total_seconds=time.monotonic() - started, log_dir=log_dir, received=received)
+                          total_seconds=time.monotonic() - started, log_dir=log_dir, received=received,
+                          payouts=payouts)
         (log_dir / "figures.json").write_text(json.dumps(outcome.figures, indent=2, default=str))
         return outcome
     finally:
@@ -1084,6 +1255,9 @@ def run(options: Options, *, say) -> Outcome:
             stack.stop()
         if receiver is not None:
             receiver.stop()
+        if gateway is not None:
+            gateway.close()
+            close_rails()
         if canceller is not None:
             canceller.join(timeout=10)
         connections.close_all()

@@ -88,6 +88,15 @@ class Stack:
         """The webhook dispatcher (webhooks/dispatcher.py): a thread-pool worker on its own queue."""
         return self._spawn(name, "webhooks", {"WEBHOOKS_NAME": name, "WEBHOOK_CONCURRENCY": str(concurrency)})
 
+    def start_payouts(self, name: str = "payouts", *, concurrency: int = 2) -> subprocess.Popen:
+        """The payout executor (payments/payouts.py): prefork children on the payouts queue,
+        each calling its rail from a thread pool."""
+        return self._spawn(name, "payouts", {"PAYOUTS_NAME": name, "PAYOUT_CONCURRENCY": str(concurrency)})
+
+    def start_gateway(self, port: int, name: str = "gateway") -> subprocess.Popen:
+        """The sandbox gateway (rails/sandbox.py) on ``port``, its storage in the log directory."""
+        return self._spawn(name, "gateway", {"GATEWAY_PORT": str(port), "GATEWAY_DB": str(self.log_dir / f"{name}.db")})
+
     def start_beat(self, name: str = "beat") -> subprocess.Popen:
         return self._spawn(name, "beat", {"DELAYPAY_BEAT_SCHEDULE_FILE": str(self.log_dir / f"{name}-schedule")})
 

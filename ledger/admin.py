@@ -1,6 +1,7 @@
 """The ledger console: accounts (read-only balance; freeze, unfreeze and deposit through
 services, each with a reason), deposit requests (approved or rejected by a second staff
-member), the append-only staff actions and transfers."""
+member), the append-only staff actions and transfers, and the two-phase transfers that
+reserve a payout's funds (read-only: only the payout's outcome posts or voids one)."""
 
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -32,9 +33,12 @@ from common.admin_tools import (
 )
 
 from .forms import DepositForm
-from .models import ISSUANCE_ACCOUNT_ID, Account, DepositRequest, StaffAction, Transfer
+from .models import ISSUANCE_ACCOUNT_ID, Account, DepositRequest, PendingTransfer, StaffAction, Transfer
 from .selectors import transfers_for_account
 from .services import (
+    PENDING_PREFIX,
+    POST_PREFIX,
+    VOID_PREFIX,
     AccountStateError,
     DepositFormInvalid,
     DepositRefused,
@@ -56,6 +60,11 @@ ACCOUNT_STATUS_TONES = {
     Account.Status.ACTIVE: "green",
     Account.Status.FROZEN: "amber",
     Account.Status.CLOSED: "grey",
+}
+PENDING_STATE_TONES = {
+    PendingTransfer.State.PENDING: "purple",
+    PendingTransfer.State.POSTED: "green",
+    PendingTransfer.State.VOIDED: "grey",
 }
 REQUEST_STATUS_TONES = {
     DepositRequest.Status.PENDING: "purple",
@@ -581,12 +590,57 @@ class TransferAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAd
     created_at_col = display_column("created_at", utc_text, "created at (UTC)")
 
     def get_search_results(self, request, queryset, search_term):
-        terms = search_term.split()[:MAX_SEARCH_TERMS]
-        if not terms:
-            return queryset, False
-        matching = (
-            queryset.filter(key__in=terms)
-            | queryset.filter(debit_account_id__in=terms)
-            | queryset.filter(credit_account_id__in=terms)
-        )
-        return matching, False
+        return exact_terms_search(queryset, search_term, ("key", "debit_account_id", "credit_account_id"))
+
+
+def exact_terms_search(queryset, search_term: str, columns: tuple[str, ...]):
+    """The admin's search of a large table: rows whose ``columns`` equal one of the terms
+    (at most MAX_SEARCH_TERMS), each an index lookup, never a LIKE scan."""
+    terms = search_term.split()[:MAX_SEARCH_TERMS]
+    if not terms:
+        return queryset, False
+    matching = queryset.none()
+    for column in columns:
+        matching = matching | queryset.filter(**{f"{column}__in": terms})
+    return matching, False
+
+
+def pending_state_badge(state: str):
+    return badge(state, PENDING_STATE_TONES.get(state, "grey"))
+
+
+@admin.register(PendingTransfer)
+class PendingTransferAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Funds reserved for a payout (debit -> clearing), then posted to the rail's settlement
+    account or voided back to the payer: the key is the payment's id. Each step is also an
+    ordinary transfer, keyed ``pend:``, ``post:`` or ``void:`` and the payment's id."""
+
+    list_display = (
+        "key", "debit_col", "clearing_col", "credit_col", "amount", "state_col", "created_at_col", "resolved_at_col",
+        "transfers_col",
+    )
+    list_filter = ("state",)
+    ordering = ("-key",)  # keys are payment ids, time-ordered: newest first, by the primary key
+    search_fields = ("key",)  # shows the box; get_search_results does the matching
+    search_help_text = "Exact key (the payment's id) or account id; several separated by spaces."
+    fields = (
+        "key", "debit_col", "clearing_col", "credit_col", "amount", "state_col", "created_at", "resolved_at",
+        "transfers_col",
+    )
+    readonly_fields = fields
+
+    debit_col = display_column("debit_account_id", account_id_link, "payer (debit)", ordering="debit_account")
+    clearing_col = display_column("clearing_account_id", account_id_link, "held in", ordering="clearing_account")
+    credit_col = display_column("credit_account_id", account_id_link, "posts to", ordering="credit_account")
+    state_col = display_column("state", pending_state_badge, "state")
+    created_at_col = display_column("created_at", utc_text, "reserved (UTC)")
+    resolved_at_col = display_column("resolved_at", utc_text, "resolved (UTC)")
+
+    @admin.display(description="transfers")
+    def transfers_col(self, obj):
+        keys = " ".join(prefix + obj.pk for prefix in (PENDING_PREFIX, POST_PREFIX, VOID_PREFIX))
+        url = reverse("admin:ledger_transfer_changelist") + "?" + urlencode({"q": keys})
+        return format_html('<a href="{}">its transfers</a>', url)
+
+    def get_search_results(self, request, queryset, search_term):
+        return exact_terms_search(queryset, search_term, ("key", "debit_account_id", "clearing_account_id"))

@@ -243,3 +243,51 @@ class DepositFormToken(models.Model):
 
     def __str__(self) -> str:
         return f"deposit form {self.id} for {self.account_id}"
+
+
+class PendingTransfer(models.Model):
+    """A two-phase transfer (TigerBeetle's pending / post / void) for money that leaves the
+    ledger through an outside party whose answer comes later.
+
+    Pending: ``amount`` moved from ``debit_account`` to ``clearing_account`` (a system
+    account), under the transfer key ``pend:<key>``: the funds are reserved, the payer's
+    balance no longer has them. Then exactly one of post (clearing -> ``credit_account``,
+    the rail's settlement account, key ``post:<key>``) or void (clearing -> back to the
+    debit account, key ``void:<key>``), decided by a compare-and-set on ``state``. A
+    clearing account's balance is the sum of its pending amounts (reconciliation checks it).
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        POSTED = "posted"
+        VOIDED = "voided"
+
+    key = models.CharField(primary_key=True, max_length=56)
+    debit_account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="+", db_index=False)
+    clearing_account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="+", db_index=False)
+    credit_account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="+", db_index=False)
+    amount = models.BigIntegerField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "key"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(amount__gt=0), name="ledger_pending_amount_positive"),
+            models.CheckConstraint(
+                condition=models.Q(state__in=["pending", "posted", "voided"]), name="ledger_pending_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(state="pending", resolved_at__isnull=True)
+                | (models.Q(state__in=["posted", "voided"]) & models.Q(resolved_at__isnull=False)),
+                name="ledger_pending_resolved_has_time",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["clearing_account", "created_at"], condition=models.Q(state="pending"),
+                         name="ledger_pending_open_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.amount} {self.state}"

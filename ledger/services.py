@@ -17,7 +17,7 @@ from django.db.models.functions import Now
 from common.ids import new_id
 
 from . import sql
-from .models import ISSUANCE_ACCOUNT_ID, Account, DepositFormToken, DepositRequest, StaffAction
+from .models import ISSUANCE_ACCOUNT_ID, Account, DepositFormToken, DepositRequest, PendingTransfer, StaffAction
 from .selectors import transfer_by_key
 
 
@@ -565,3 +565,91 @@ def deposit_form_submit(*, token: str, account_id: str, actor, amount: int, reas
         submission = deposit_submit(account_id=account_id, amount=amount, actor=actor, reason=reason, key=row.id)
         DepositFormToken.objects.filter(pk=row.pk).update(amount=amount, deposit_request=submission.request)
     return DepositFormResult(submission, already=False)
+
+
+# --- Two-phase transfers: reserve now, post or void when an outside party answers --------
+#
+# TigerBeetle's pending / post / void, on this ledger's plain transfers: the reserve
+# moves the money to a clearing account (the payer's balance no longer has it, so no
+# other payment can spend it), and exactly one of post or void moves it on, decided by a
+# compare-and-set on the pending row. Every step is an ordinary keyed transfer through
+# ``ledger_post_batch``: idempotent, funds-checked, balances locked in id order.
+
+PENDING_PREFIX, POST_PREFIX, VOID_PREFIX = "pend:", "post:", "void:"
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    key: str  # the pending transfer's key (a payout's payment id)
+    debit_account_id: str  # who pays
+    clearing_account_id: str  # holds the money while pending
+    credit_account_id: str  # where a post sends it (a rail's settlement account)
+    amount: int
+
+
+class PendingStateConflict(Exception):
+    """Post of a voided pending transfer, void of a posted one, or either of none."""
+
+
+def ledger_reserve_batch(*, reservations: Sequence[Reservation]) -> dict[str, PostResult]:
+    """Phase one, inside the caller's transaction: reserve each amount (debit -> clearing)
+    with the guard, state and funds checks of ``ledger_post_batch``. A key reserved before
+    is ``ALREADY_APPLIED`` and reserves nothing more. Returns the result per key."""
+    postings = [
+        Posting(PENDING_PREFIX + r.key, r.debit_account_id, r.clearing_account_id, r.amount) for r in reservations
+    ]
+    results = ledger_post_batch(postings=postings)
+    applied = [r for r in reservations if results[PENDING_PREFIX + r.key].outcome == Outcome.APPLIED]
+    if applied:
+        with connection.cursor() as cur:
+            cur.execute(sql.INSERT_PENDING, [
+                [r.key for r in applied], [r.debit_account_id for r in applied],
+                [r.clearing_account_id for r in applied], [r.credit_account_id for r in applied],
+                [r.amount for r in applied],
+            ])
+    return {r.key: results[PENDING_PREFIX + r.key] for r in reservations}
+
+
+def ledger_resolve_pending(*, keys: Sequence[str], post: bool) -> dict[str, PostResult]:
+    """Phase two, inside the caller's transaction: post (clearing -> credit account) or
+    void (clearing -> back to the debit account) each pending transfer, once. A key
+    already resolved the same way is ``ALREADY_APPLIED``; resolved the other way or never
+    reserved, ``PendingStateConflict``. The ledger refusing the posting (a closed payer on
+    a void) raises ``AccountStateError``: the caller's transaction must roll back."""
+    _check_postings([])
+    keys = sorted(set(keys))
+    if not keys:
+        return {}
+    state = PendingTransfer.State.POSTED if post else PendingTransfer.State.VOIDED
+    prefix = POST_PREFIX if post else VOID_PREFIX
+    with connection.cursor() as cur:
+        cur.execute(sql.RESOLVE_PENDING, {"keys": keys, "state": state.value})
+        rows = cur.fetchall()
+        postings = [
+            Posting(prefix + key, clearing, credit if post else debit, amount)
+            for key, debit, clearing, credit, amount in rows
+        ]
+        resolved = {row[0] for row in rows}
+        rest = [k for k in keys if k not in resolved]
+        states = {}
+        if rest:
+            cur.execute(sql.PENDING_STATES, [rest])
+            states = dict(cur.fetchall())
+    for key in rest:
+        if states.get(key) != state:
+            raise PendingStateConflict(f"{key} is {states.get(key, 'not reserved')}, not pending")
+    results = ledger_post_batch(postings=postings)
+    refused = {k: r.outcome for k, r in results.items() if not r.outcome.moved}
+    if refused:
+        raise AccountStateError(f"the ledger refused {refused}")
+    out = {p.key[len(prefix):]: results[p.key] for p in postings}
+    if rest:
+        for key, posted_at in transfer_times_for([prefix + k for k in rest]).items():
+            out[key[len(prefix):]] = PostResult(Outcome.ALREADY_APPLIED, posted_at)
+    return out
+
+
+def transfer_times_for(keys: Sequence[str]) -> dict[str, datetime]:
+    with connection.cursor() as cur:
+        cur.execute(sql.TRANSFER_TIMES, [list(keys)])
+        return dict(cur.fetchall())

@@ -32,3 +32,30 @@ UPDATE ledger_account a SET balance = a.balance + v.delta, updated_at = now()
   FROM unnest(%s::text[], %s::bigint[]) AS v(id, delta)
  WHERE a.id = v.id
 """
+
+# Phase one of two-phase transfers: the pending rows of the reserves just posted;
+# %s: keys, debit ids, clearing ids, credit ids, amounts. A key reserved before (a
+# retry) keeps its row.
+INSERT_PENDING = """
+INSERT INTO ledger_pendingtransfer (key, debit_account_id, clearing_account_id, credit_account_id, amount, state,
+                                    created_at)
+SELECT k, d, c, s, a, 'pending', now()
+  FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::bigint[]) AS t(k, d, c, s, a)
+ON CONFLICT (key) DO NOTHING
+"""
+
+# Phase two: the compare-and-set pending -> posted or voided (%s: the new state, keys),
+# returning what the posting needs. Rows locked in key order.
+RESOLVE_PENDING = """
+WITH todo AS (
+    SELECT key FROM ledger_pendingtransfer WHERE key = ANY(%(keys)s::text[]) AND state = 'pending'
+     ORDER BY key FOR NO KEY UPDATE
+)
+UPDATE ledger_pendingtransfer t
+   SET state = %(state)s, resolved_at = now()
+  FROM todo
+ WHERE t.key = todo.key
+RETURNING t.key, t.debit_account_id, t.clearing_account_id, t.credit_account_id, t.amount
+"""
+
+PENDING_STATES = "SELECT key, state FROM ledger_pendingtransfer WHERE key = ANY(%s::text[])"

@@ -37,14 +37,19 @@ from common.admin_tools import (
     report,
     utc_text,
 )
-from ledger.models import StaffAction
+from ledger.models import PendingTransfer, StaffAction
 from ledger.selectors import transfer_by_key
+from ledger.services import PENDING_PREFIX, POST_PREFIX, VOID_PREFIX
 
+from .admin_rails import payee_cell, payout_state_badge
 from .exceptions import (
     PaymentNotCancellable,
     PaymentNotFound,
     PaymentNotInReview,
     PaymentValidationError,
+    PayoutOutcomeUnknown,
+    PayoutPaidAtRail,
+    RailUnavailable,
     RecurringNotFound,
     RecurringStateError,
 )
@@ -54,6 +59,9 @@ from .models import (
     FailureReason,
     PaymentEvent,
     PaymentStatus,
+    Payout,
+    PayoutState,
+    Rail,
     RecurringEvent,
     RecurringPayment,
     RecurringStatus,
@@ -116,6 +124,25 @@ def account_cell(account):
     return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, owner)
 
 
+def to_cell(obj):
+    """Whom a payment (or recurring payment) pays: an account, or a payee through its rail."""
+    return account_cell(obj.to_account) if obj.to_payee_id is None else payee_cell(obj.to_payee)
+
+
+def to_detail(obj):
+    """The detail page's "to": the account with its id, or the payee with its rail and destination."""
+    if obj.to_payee_id is None:
+        return format_html("{} <span class=\"dp-mono\">{}</span>", account_cell(obj.to_account), obj.to_account_id)
+    return format_html("payout: {} <span class=\"dp-mono\">{}</span>", payee_cell(obj.to_payee), obj.to_payee_id)
+
+
+def reserved_payout_ids(payment_ids) -> set[str]:
+    """Which of these payments are payouts whose funds are reserved at their rail."""
+    return set(
+        Payout.objects.filter(payment_id__in=payment_ids, state=PayoutState.PENDING).values_list("pk", flat=True)
+    )
+
+
 class DueFilter(admin.SimpleListFilter):
     """Due date as an operator thinks of it, judged on the database clock."""
 
@@ -139,6 +166,54 @@ class DueFilter(admin.SimpleListFilter):
         return queryset if condition is None else queryset.filter(condition())
 
 
+class KindFilter(admin.SimpleListFilter):
+    """Internal transfers (to an account) or payouts (to a payee, through a rail)."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request, model_admin):
+        return [("internal", "Internal (to an account)"), ("payout", "Payout (to a payee, through a rail)")]
+
+    def queryset(self, request, queryset):
+        if self.value() in ("internal", "payout"):
+            # to_payee, not rail: payments_payee_idx holds exactly the payouts.
+            return queryset.filter(to_payee__isnull=self.value() == "internal")
+        return queryset
+
+
+class RailFilter(admin.SimpleListFilter):
+    """Payouts through one rail (fixed choices: no SELECT DISTINCT over the table)."""
+
+    title = "rail"
+    parameter_name = "rail"
+
+    def lookups(self, request, model_admin):
+        return Rail.choices
+
+    def queryset(self, request, queryset):
+        if self.value() in Rail.values:
+            return queryset.filter(to_payee__isnull=False, rail=self.value())
+        return queryset
+
+
+class PayeeFilter(admin.SimpleListFilter):
+    """Payouts to one payee (``?payee=<id>``, as linked from a payee's page): listing every
+    payee here would not scale, so the choice is offered only once given."""
+
+    title = "payee"
+    parameter_name = "payee"
+
+    def lookups(self, request, model_admin):
+        return [(self.value(), self.value())] if self.value() else []
+
+    def has_output(self) -> bool:
+        return bool(self.value())
+
+    def queryset(self, request, queryset):
+        return queryset.filter(to_payee_id=self.value()) if self.value() else queryset
+
+
 class FailureReasonFilter(admin.SimpleListFilter):
     """Fixed choices: Django's default would run SELECT DISTINCT over the whole table."""
 
@@ -155,6 +230,25 @@ class FailureReasonFilter(admin.SimpleListFilter):
         return queryset
 
 
+def payout_of(payment) -> Payout | None:
+    """A payout's record at its rail (none until its funds are reserved), read once per page."""
+    if not hasattr(payment, "_payout_record"):
+        payment._payout_record = Payout.objects.filter(pk=payment.pk).first()
+    return payment._payout_record
+
+
+def payout_field(attr: str, description: str, render=str):
+    """A row of the payment page's "At the rail" section: ``attr`` of its payout record."""
+
+    @admin.display(description=description)
+    def field(model_admin, obj):
+        payout = payout_of(obj)
+        value = getattr(payout, attr) if payout is not None else None
+        return render(value) if value not in (None, "") else "-"
+
+    return field
+
+
 @dataclass(frozen=True, kw_only=True)
 class PaymentAct(ConfirmedAct):
     """Cancel, re-drive or resolve: the confirmation page's words and the service, run on
@@ -166,6 +260,10 @@ class PaymentAct(ConfirmedAct):
     already: str
     refused: str  # the report of a payment in another status ("Too late to cancel: pay_... is EXECUTED")
     run: Callable[..., tuple[ScheduledPayment, bool]]  # (payment_id=, actor=, data=form.cleaned_data)
+
+
+# The confirmation page's reason for leaving a payout with reserved funds out of a cancel.
+RESERVED_AT_RAIL = "funds reserved at the rail, outcome unknown: resolve it instead"
 
 
 def _cancel(*, payment_id: str, actor, data: dict) -> tuple[ScheduledPayment, bool]:
@@ -191,7 +289,8 @@ PAYMENT_ACTS = (
         title="Cancel",
         explanation="Each payment that is SCHEDULED or in review ends CANCELLED: the same compare-and-set as "
         "DELETE /api/v1/payments/{id}, so it races a worker's claim and exactly one wins. No money moves. The "
-        "cancel is recorded in the payment's event history and in the ledger's staff actions, with your reason.",
+        "cancel is recorded in the payment's event history and in the ledger's staff actions, with your reason. "
+        "A payout whose funds are reserved at its rail is refused (the rail may have paid it): resolve it instead.",
         permission="cancel",
         form=ReasonForm,
         eligible=(PaymentStatus.SCHEDULED, PaymentStatus.NEEDS_REVIEW),
@@ -218,7 +317,10 @@ PAYMENT_ACTS = (
     PaymentAct(
         name="resolve",
         title="Resolve as failed",
-        explanation="Each payment in review ends FAILED with failure_reason resolved_by_staff. No money moves.",
+        explanation="Each payment in review ends FAILED with failure_reason resolved_by_staff. No money moves. "
+        "For a payout whose funds are reserved, its rail is asked first: nothing there (or declined), the reserve is "
+        "voided and the money goes back to the payer; paid there, the resolve is refused (re-drive it: it is then "
+        "recorded as executed); no answer, it is refused (try again later).",
         permission="redrive",
         form=ReviewForm,
         eligible=(PaymentStatus.NEEDS_REVIEW,),
@@ -258,13 +360,20 @@ class PayerToPayeeAdminMixin:
     """What payments and recurring payments show alike: who pays whom (owners linked to
     their accounts), a status badge, and every field of the fieldsets read-only."""
 
-    list_select_related = ("from_account__owner", "to_account__owner")
+    list_select_related = ("from_account__owner", "to_account__owner", "to_payee")
     from_col = display_column("from_account", account_cell, "from")
-    to_col = display_column("to_account", account_cell, "to")
     status_col = display_column("status", status_badge, "status")
 
+    @admin.display(description="to")
+    def to_col(self, obj):
+        return to_cell(obj)
+
+    @admin.display(description="to")
+    def to_detail_col(self, obj):
+        return to_detail(obj)
+
     def get_readonly_fields(self, request, obj=None):
-        return flatten_fieldsets(self.fieldsets)
+        return flatten_fieldsets(self.get_fieldsets(request, obj))
 
     @staticmethod
     def search_condition(*, terms: list[str]):
@@ -306,7 +415,7 @@ class ScheduledPaymentAdmin(
         "executed_at_col",
         "failure_reason",
     )
-    list_filter = ("status", DueFilter, FailureReasonFilter)
+    list_filter = ("status", DueFilter, FailureReasonFilter, KindFilter, RailFilter, PayeeFilter)
     date_hierarchy = "execute_at"
     # Newest first by id (a ULID: creation order), served by the primary key. Ordering by
     # due time would need a plain (execute_at, id) index, which the claim must not have
@@ -333,7 +442,7 @@ class ScheduledPaymentAdmin(
     actions = ["cancel_selected", "redrive_selected", "resolve_selected"]
     inlines = [ExecutionAttemptInline, PaymentEventInline]
     fieldsets = (
-        ("Payment", {"fields": ("id", "payer", "from_account", "to_account", "amount", "execute_at")}),
+        ("Payment", {"fields": ("id", "payer", "from_account", "to_detail_col", "amount", "execute_at")}),
         (
             "Schedule",
             {"fields": ("requested_execute_at", "jitter_seconds", "expires_after", "recurring", "occurrence_at")},
@@ -360,21 +469,71 @@ class ScheduledPaymentAdmin(
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
 
+    # A payout's record at its rail and its reserve: only on a payout's page.
+    rail_fieldset = (
+        "At the rail",
+        {
+            "fields": (
+                "payout_state", "payout_reference", "payout_paid_at", "payout_decline_code", "payout_submissions",
+                "payout_lookups", "payout_last_error", "reserve",
+            )
+        },
+    )
+
     execute_at_col = display_column("execute_at", utc_text, "execute at (UTC)")
     executed_at_col = display_column("executed_at", utc_text, "executed at (UTC)")
 
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is not None and obj.is_payout:
+            fieldsets = (*fieldsets[:2], self.rail_fieldset, *fieldsets[2:])
+        return fieldsets
+
     @admin.display(description="ledger transfer")
     def ledger_transfer(self, obj):
-        transfer = transfer_by_key(key=obj.pk)
-        if transfer is None:
+        if obj.is_payout:  # two-phase: reserve, then post or void, each its own keyed transfer
+            keys = [prefix + obj.pk for prefix in (PENDING_PREFIX, POST_PREFIX, VOID_PREFIX)]
+            transfers = [t for t in (transfer_by_key(key=key) for key in keys) if t is not None]
+        else:
+            transfers = [t for t in [transfer_by_key(key=obj.pk)] if t is not None]
+        if not transfers:
             return "none: no money moved for this payment"
+        return format_html_join(
+            "", "<div>{} · {} · {} → {} · {} at {}</div>",
+            (
+                (admin_link(t, f"transfer #{t.pk}"), t.key, t.debit_account_id, t.credit_account_id, t.amount,
+                 t.created_at.isoformat())
+                for t in transfers
+            ),
+        )
+
+    @admin.display(description="payout")
+    def payout_state(self, obj):
+        payout = payout_of(obj)
+        if payout is None:
+            return "not at the rail yet: its funds are reserved when it is first submitted"
         return format_html(
-            "{} · {} → {} · {} at {}",
-            admin_link(transfer, f"transfer #{transfer.pk}"),
-            transfer.debit_account_id,
-            transfer.credit_account_id,
-            transfer.amount,
-            transfer.created_at.isoformat(),
+            "{} · {} to {} on {}", payout_state_badge(payout.state), payout.amount, payout.destination, payout.rail
+        )
+
+    payout_reference = payout_field("reference", "rail's reference")
+    payout_paid_at = payout_field("paid_at", "paid at (the rail's time)", lambda value: value.isoformat())
+    payout_decline_code = payout_field("decline_code", "decline code")
+    payout_submissions = payout_field("submissions", "submissions")
+    payout_lookups = payout_field("lookups", "lookups")
+    payout_last_error = payout_field("last_error", "last error")
+
+    @admin.display(description="reserve (pending transfer)")
+    def reserve(self, obj):
+        pending = PendingTransfer.objects.filter(key=obj.pk).first()
+        if pending is None:
+            return "none: no funds reserved"
+        url = reverse("admin:ledger_pendingtransfer_change", args=[quote(pending.pk)])
+        resolved = f", {pending.state} at {pending.resolved_at.isoformat()}" if pending.resolved_at else ""
+        return format_html(
+            '<a href="{}">{}</a> · {} from {} held in {} for {} · reserved at {}{}',
+            url, pending.state, pending.amount, pending.debit_account_id, pending.clearing_account_id,
+            pending.credit_account_id, pending.created_at.isoformat(), resolved,
         )
 
     search_condition = staticmethod(payment_search_condition)
@@ -400,9 +559,10 @@ class ScheduledPaymentAdmin(
         payments = {
             p.pk: p
             for p in ScheduledPayment.objects.filter(pk__in=object_ids).select_related(
-                "from_account__owner", "to_account__owner"
+                "from_account__owner", "to_account__owner", "to_payee"
             )
         }
+        reserved = reserved_payout_ids(object_ids) if act.name == "cancel" else set()
         headers = ["payment", "status", "amount", "from", "to", "due (UTC)", "tries", "review reason", "since (UTC)"]
         rows = []
         for payment_id in sorted(object_ids, key=lambda pk: (pk not in payments, pk)):
@@ -410,21 +570,28 @@ class ScheduledPaymentAdmin(
             if p is None:
                 rows.append(ConfirmRow([payment_id, *["-"] * 8], left_alone="no such payment"))
                 continue
+            if p.status not in act.eligible:
+                left_alone = act.ineligible
+            elif p.pk in reserved:
+                left_alone = RESERVED_AT_RAIL
+            else:
+                left_alone = ""
             rows.append(ConfirmRow(
                 [
                     payment_link(p.pk), status_badge(p.status), p.amount, account_cell(p.from_account),
-                    account_cell(p.to_account), utc_text(p.execute_at), p.tries, p.review_reason or "-",
+                    to_cell(p), utc_text(p.execute_at), p.tries, p.review_reason or "-",
                     utc_text(p.updated_at),
                 ],
-                left_alone="" if p.status in act.eligible else act.ineligible,
+                left_alone=left_alone,
             ))
         return headers, rows
 
     def perform_act(self, request, act: PaymentAct, object_ids: list[str], form) -> bool:
         """Run ``act`` on each payment through its service and say what happened to each.
         False, with the errors on the form, when the service refused the input itself
-        (an execute_at in the past)."""
-        done, already, refused, missing = [], [], [], []
+        (an execute_at in the past). A payout's rail may refuse it too: funds reserved with
+        the outcome unknown (cancel), paid at the rail or no answer from it (resolve)."""
+        done, already, refused, missing, at_rail, rail_silent = [], [], [], [], [], []
         reason = form.cleaned_data["reason"]
         for payment_id in object_ids:
             try:
@@ -435,6 +602,12 @@ class ScheduledPaymentAdmin(
                 break
             except (PaymentNotCancellable, PaymentNotInReview) as exc:
                 refused.append(f"{payment_id} is {exc.status}")
+                continue
+            except (PayoutOutcomeUnknown, PayoutPaidAtRail) as exc:
+                at_rail.append(f"{payment_id} ({exc.detail.rstrip('.')})")
+                continue
+            except RailUnavailable:
+                rail_silent.append(payment_id)
                 continue
             except PaymentNotFound:
                 missing.append(payment_id)
@@ -447,6 +620,9 @@ class ScheduledPaymentAdmin(
         report(request, messages.SUCCESS, act.done, done)
         report(request, messages.INFO, act.already, already)
         report(request, messages.WARNING, act.refused, refused)
+        not_done = f"Not {act.done.lower()}"
+        report(request, messages.WARNING, f"{not_done}, because of the payout at its rail", at_rail)
+        report(request, messages.ERROR, f"{not_done}: the rail did not answer, try again later", rail_silent)
         report(request, messages.ERROR, "No such payment", missing)
         return not form.errors
 
@@ -455,6 +631,7 @@ class ScheduledPaymentAdmin(
             obj is not None
             and obj.status in PAYMENT_ACT["cancel"].eligible
             and self.has_cancel_permission(request, obj)
+            and not (obj.is_payout and reserved_payout_ids([obj.pk]))
         )
         context["can_review"] = (
             obj is not None and obj.status == PaymentStatus.NEEDS_REVIEW and self.has_redrive_permission(request, obj)
@@ -532,7 +709,7 @@ class RecurringPaymentAdmin(
     actions = ["pause_selected", "resume_selected"]
     inlines = [OccurrenceInline, RecurringEventInline]
     fieldsets = (
-        ("Recurring payment", {"fields": ("id", "payer", "from_account", "to_account", "amount")}),
+        ("Recurring payment", {"fields": ("id", "payer", "from_account", "to_detail_col", "amount")}),
         ("Rule", {"fields": ("start_at", "rule_col", "end_at", "count", "last_at")}),
         ("State", {"fields": ("status_col", "next_occurrence_at", "last_occurrence_at", "version", "occurrences_col")}),
         ("Record", {"fields": ("created_at", "updated_at")}),

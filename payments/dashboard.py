@@ -12,10 +12,12 @@ from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 
-from .models import PaymentStatus
+from .models import BreakerState, PaymentStatus
 from .selectors import (
+    RailReading,
     payment_counts_by_status,
     payments_due_by_minute,
+    rail_states,
     recent_outcomes,
     review_queue_health,
     schedule_health,
@@ -80,6 +82,35 @@ def age_text(seconds: float) -> str:
     return f"{s // 86400} d {s % 86400 // 3600} h"
 
 
+@dataclass(frozen=True)
+class RailTile:
+    rail: str
+    state: str  # what the claim obeys: "closed", "half_open", "open", "forced open", "forced closed"
+    tone: str  # green closed, amber half-open, red open or forced open
+    pending: int
+    oldest_pending_age: str
+
+
+def breaker_tone(*, breaker: str, forced: str) -> str:
+    """Green closed, amber half-open, red open or forced open (what the claim obeys)."""
+    return {BreakerState.CLOSED: "green", BreakerState.HALF_OPEN: "amber"}.get(forced or breaker, "red")
+
+
+def breaker_text(*, breaker: str, forced: str) -> str:
+    """What the claim obeys, and whether staff hold it there."""
+    return f"forced {forced}" if forced else breaker
+
+
+def rail_tile(reading: RailReading) -> RailTile:
+    return RailTile(
+        rail=reading.rail,
+        state=breaker_text(breaker=reading.breaker, forced=reading.forced),
+        tone=breaker_tone(breaker=reading.breaker, forced=reading.forced),
+        pending=reading.pending,
+        oldest_pending_age=age_text(reading.pending_oldest_age_seconds),
+    )
+
+
 def dashboard_view(request):
     """Staff with view access to payments; admin_site.admin_view (urls.py) handles login."""
     if not request.user.has_perm("payments.view_scheduledpayment"):
@@ -100,6 +131,7 @@ def dashboard_view(request):
         "outcomes": outcomes,
         "failed_by_reason": sorted(outcomes.failed.items(), key=lambda kv: (-kv[1], kv[0])),
         "chart": due_chart(payments_due_by_minute(minutes=60)),
+        "rails": [rail_tile(reading) for reading in rail_states()],
         "refresh_seconds": REFRESH_SECONDS,
     }
     return TemplateResponse(request, "admin/payments/dashboard.html", context)

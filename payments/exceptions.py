@@ -155,3 +155,52 @@ class ActiveSeriesLimit(DomainError):
 
 class DailyOutflowLimit(DomainError):
     code = "limit_daily_outflow"
+
+
+class PayeeNotFound(DomainError):
+    code = "not_found"
+    default_detail = "No such payee."
+
+
+class PayeeInUse(DomainError):
+    """Delete of a payee with payouts (or series) still pending."""
+
+    code = "payee_in_use"
+
+    def __init__(self, pending: int):
+        super().__init__(
+            f"{pending} payouts or recurring payments to this payee are still pending: cancel them, or wait.",
+            pending=pending,
+        )
+
+
+class PayoutOutcomeUnknown(DomainError):
+    """Cancel of a payout whose funds are reserved at its rail: the rail may have paid it."""
+
+    code = "payout_outcome_unknown"
+
+    def __init__(self, status: str):
+        super().__init__(
+            f"The payout is {status} with its funds reserved and its outcome at the rail unknown: it cannot be "
+            "cancelled until the rail has answered.", status=status,
+        )
+        self.status = status
+
+
+class PayoutPaidAtRail(DomainError):
+    """Resolve-as-failed of a parked payout that its rail says it paid."""
+
+    code = "payout_paid_at_rail"
+
+    def __init__(self, reference: str):
+        super().__init__(
+            f"The rail paid this payout ({reference}): re-drive it, and it will be recorded as executed.",
+            reference=reference,
+        )
+
+
+class RailUnavailable(DomainError):
+    """The rail did not answer a lookup that an action needs (503)."""
+
+    code = "rail_unavailable"
+    default_detail = "The payment rail did not answer; try again later."

@@ -120,6 +120,7 @@ class BatchResult:
     retrying: dict[str, datetime] = field(default_factory=dict)  # payment id -> next_attempt_at
     stale: list[Pair] = field(default_factory=list)
     execution_lateness: list[float] = field(default_factory=list)  # executed_at - execute_at, newly executed
+    unknown: list[str] = field(default_factory=list)  # payouts whose rail call ended ambiguously (follow-up due)
 
     def merge(self, other: "BatchResult") -> None:
         self.executed += other.executed
@@ -129,6 +130,7 @@ class BatchResult:
         self.retrying.update(other.retrying)
         self.stale += other.stale
         self.execution_lateness += other.execution_lateness
+        self.unknown += other.unknown
 
     def add(self, decision: Decision) -> None:
         payment = decision.payment

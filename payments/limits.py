@@ -91,11 +91,14 @@ def counted(admit):
 
 
 @counted
-def admit_payment(*, payer, to_account_id: str, amount: int, execute_at: datetime, jitter_seconds: int = 0) -> None:
+def admit_payment(
+    *, payer, to_account_id: str | None, amount: int, execute_at: datetime, jitter_seconds: int = 0
+) -> None:
     """``payment_schedule``, after its input is valid, in its transaction: refuse a
     system payee, then check the pending-payments and daily-outflow limits. With jitter
     the due day is not known yet: each day the drawn time may fall on is checked."""
-    refuse_system_payee(to_account_id=to_account_id)
+    if to_account_id is not None:  # a payout's payee is outside the ledger
+        refuse_system_payee(to_account_id=to_account_id)
     limits = caps()
     if not (limits.pending_payments or limits.daily_outflow):
         return
@@ -135,14 +138,16 @@ def admit_change(*, payment: ScheduledPayment, amount: int, execute_at: datetime
 
 
 @counted
-def admit_series(*, payer, to_account_id: str, terms, last_at: datetime | None, replacing: str | None = None) -> None:
+def admit_series(
+    *, payer, to_account_id: str | None, terms, last_at: datetime | None, replacing: str | None = None
+) -> None:
     """``recurring_create`` (and ``recurring_update`` with ``replacing``, the series'
     id), after its terms are valid, in its transaction: refuse a system payee, then check
     the series limit (on create) and the daily limit: the series at its busiest day, on
     top of the user's other series and their busiest future day of one-off payments.
     ``terms`` has amount, start_at, interval, cron and timezone (series.Terms)."""
     limits = caps()
-    if replacing is None:
+    if replacing is None and to_account_id is not None:
         refuse_system_payee(to_account_id=to_account_id)
     counting = replacing is None and limits.active_series
     if not (counting or limits.daily_outflow):

@@ -98,10 +98,31 @@ recurring_generation_failures_total = Counter(
     "again next tick), by reason: lock_timeout, deadlock, serialization, timeout, database, rule, error.",
     ["reason"],
 )
+rail_calls_total = Counter(
+    "delaypay_rail_calls",
+    "Calls to a payment rail by call (submit, lookup) and outcome: paid, declined, not_found, unknown (no answer: "
+    "a timeout, a 5xx, a dropped connection; the payout is looked up again later).",
+    ["rail", "call", "outcome"],
+)
+rail_call_seconds = Histogram(
+    "delaypay_rail_call_seconds",
+    "Time of one call to a payment rail (submit or lookup), timeouts included.",
+    ["rail", "call"],
+    buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
+settlement_mismatches = Gauge(
+    "delaypay_settlement_mismatches",
+    "Mismatches the last settlement reconciliation found for a rail (reconcile_settlement), by kind.",
+    ["rail", "kind"],
+    multiprocess_mode="livemax",
+)
 # Every label value exported from the start (at 0), so rate() and the alerts see a series
 # before the first failure or refusal, in every process.
 for _reason in ("lock_timeout", "deadlock", "serialization", "timeout", "database", "rule", "error"):
     recurring_generation_failures_total.labels(reason=_reason)
+for _call in ("submit", "lookup"):
+    for _outcome in ("paid", "declined", "not_found", "unknown"):
+        rail_calls_total.labels(rail="sandbox", call=_call, outcome=_outcome)
 for _code in ("limit_pending_payments", "limit_active_series", "limit_daily_outflow", "system_account"):
     limit_refusals_total.labels(limit=_code)
 
@@ -129,6 +150,12 @@ def observe_many(histogram: Histogram, values: list[float]) -> None:
 
 def record_recurring_generation_failure(reason: str) -> None:
     recurring_generation_failures_total.labels(reason=reason).inc()
+
+
+def record_rail_call(*, rail: str, call: str, outcome: str, seconds: float) -> None:
+    """One call to a rail (payments/payouts.py)."""
+    rail_calls_total.labels(rail=rail, call=call, outcome=outcome).inc()
+    rail_call_seconds.labels(rail=rail, call=call).observe(seconds)
 
 
 def record_tick(result: "TickResult") -> None:
@@ -163,6 +190,8 @@ def record_batch(result: BatchResult, *, seconds: float) -> None:
         executed_total.labels("parked", reason).inc()
     if result.retrying:
         executed_total.labels("retry", "").inc(len(result.retrying))
+    if result.unknown:
+        executed_total.labels("unknown", "").inc(len(result.unknown))
     observe_many(execution_lateness_seconds, result.execution_lateness)
     batch_apply_seconds.observe(seconds)
 
@@ -264,6 +293,23 @@ class ScheduleCollector(Collector):
                               "How long the oldest NEEDS_REVIEW payment has waited since it was parked (0 when none).",
                               value=review.oldest_age_seconds),
         ]
+        breaker = GaugeMetricFamily(
+            "delaypay_rail_breaker_state",
+            "1 for each rail's current breaker state (closed, open, half_open); forced says whether staff hold it.",
+            labels=["rail", "state", "forced"],
+        )
+        pending = GaugeMetricFamily(
+            "delaypay_rail_pending_payouts",
+            "Payouts whose funds are reserved and whose outcome at the rail is not known yet, and the age of the "
+            "oldest (seconds).", labels=["rail", "measure"],
+        )
+        for rail in selectors.rail_states():
+            for state in ("closed", "open", "half_open"):
+                breaker.add_metric([rail.rail, state, rail.forced or "no"],
+                                   1 if (rail.forced or rail.breaker) == state else 0)
+            pending.add_metric([rail.rail, "count"], rail.pending)
+            pending.add_metric([rail.rail, "oldest_age_seconds"], rail.pending_oldest_age_seconds)
+        families += [breaker, pending]
         by_status = GaugeMetricFamily(
             "delaypay_payments", "Payments by status (cached for a few seconds).", labels=["status"]
         )

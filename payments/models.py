@@ -58,10 +58,14 @@ class FailureReason(models.TextChoices):
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     EXPIRED = "expired"  # could not start by execute_at + expires_after
     RESOLVED_BY_STAFF = "resolved_by_staff"  # a NEEDS_REVIEW payment resolved as failed (reason in its event)
+    DECLINED = "declined"  # a payout the rail declined: the reserved funds went back to the payer
 
 
 class ReviewReason(models.TextChoices):
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  # DELAYPAY_MAX_ATTEMPTS worker starts without an outcome
+    # A payout whose outcome at the rail stayed unknown (timeouts, 5xx) through its budget:
+    # its funds stay reserved until staff resolve it against the rail.
+    OUTCOME_UNKNOWN = "outcome_unknown"
 
 
 class ScheduledPayment(models.Model):
@@ -74,9 +78,16 @@ class ScheduledPayment(models.Model):
     from_account = models.ForeignKey(
         "ledger.Account", on_delete=models.PROTECT, related_name="outgoing_payments", db_index=False
     )
+    # Exactly one of to_account (an internal transfer) and to_payee (a payout through the
+    # payee's rail, which ``rail`` repeats so the claims can tell payouts apart).
     to_account = models.ForeignKey(
-        "ledger.Account", on_delete=models.PROTECT, related_name="incoming_payments"
+        "ledger.Account", null=True, blank=True, on_delete=models.PROTECT, related_name="incoming_payments"
     )
+    to_payee = models.ForeignKey(
+        "Payee", null=True, blank=True, on_delete=models.PROTECT, related_name="payouts",
+        db_index=False,  # payments_payee_idx, partial: internal payments stay out of it
+    )
+    rail = models.CharField(max_length=20, blank=True, default="", db_default="")
     amount = models.BigIntegerField()
     execute_at = models.DateTimeField()
     status = models.CharField(
@@ -181,6 +192,11 @@ class ScheduledPayment(models.Model):
                 name="payments_review_has_reason",
             ),
             models.CheckConstraint(condition=models.Q(tries__gte=0), name="payments_tries_non_negative"),
+            models.CheckConstraint(
+                condition=(models.Q(to_account__isnull=False, to_payee__isnull=True, rail="")
+                           | (models.Q(to_account__isnull=True, to_payee__isnull=False) & ~models.Q(rail=""))),
+                name="payments_account_xor_payee",
+            ),
         ]
         indexes = [
             # The sweep: due SCHEDULED rows, oldest first.
@@ -232,10 +248,26 @@ class ScheduledPayment(models.Model):
                 name="payments_recurring_idx",
             ),
             models.Index(fields=["payer", "execute_at"], name="payments_payer_idx"),
+            # The payouts' claim: due SCHEDULED payouts of one rail, oldest first. Internal
+            # payments are not in it (and pay nothing for it).
+            models.Index(
+                fields=["rail", "execute_at", "id"],
+                condition=models.Q(status="SCHEDULED", next_attempt_at__isnull=True) & ~models.Q(rail=""),
+                name="payments_payout_due_idx",
+            ),
+            models.Index(
+                fields=["to_payee", "status"],
+                condition=models.Q(to_payee__isnull=False),
+                name="payments_payee_idx",
+            ),
         ]
 
     def __str__(self) -> str:
         return self.id
+
+    @property
+    def is_payout(self) -> bool:
+        return self.to_payee_id is not None
 
 
 class RecurringStatus(models.TextChoices):
@@ -268,7 +300,9 @@ class RecurringPayment(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_recurring_id, editable=False)
     payer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="recurring_payments")
     from_account = models.ForeignKey("ledger.Account", on_delete=models.PROTECT, related_name="+")
-    to_account = models.ForeignKey("ledger.Account", on_delete=models.PROTECT, related_name="+")
+    # Exactly one of the two, as on its occurrences.
+    to_account = models.ForeignKey("ledger.Account", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    to_payee = models.ForeignKey("Payee", null=True, blank=True, on_delete=models.PROTECT, related_name="series")
     amount = models.BigIntegerField()
     start_at = models.DateTimeField()
     interval = models.CharField(max_length=40, blank=True, default="")
@@ -300,6 +334,11 @@ class RecurringPayment(models.Model):
             ),
             models.CheckConstraint(
                 condition=~models.Q(from_account=models.F("to_account")), name="recurring_distinct_accounts"
+            ),
+            models.CheckConstraint(
+                condition=(models.Q(to_account__isnull=False, to_payee__isnull=True)
+                           | models.Q(to_account__isnull=True, to_payee__isnull=False)),
+                name="recurring_account_xor_payee",
             ),
         ]
         indexes = [
@@ -354,6 +393,9 @@ class ExecutionAttempt(models.Model):
         STALE = "stale"  # a message whose attempt was superseded: changed nothing
         ERROR = "error"  # unexpected error; the payment retries on the ladder or is parked
         PARKED = "parked"  # started past its budget: moved to NEEDS_REVIEW without an apply
+        # A payout whose rail call ended ambiguously (timeout, 5xx): it stays EXECUTING and
+        # the next attempt looks the payout up at the rail by its key.
+        UNKNOWN = "unknown"
 
     # Indexed by payments_attempt_unique (payment, attempt): no second index.
     payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="attempts", db_index=False)
@@ -388,6 +430,9 @@ class PaymentEvent(models.Model):
         PARKED = "parked"  # -> NEEDS_REVIEW (review_reason in data)
         REDRIVEN = "redriven"  # NEEDS_REVIEW -> SCHEDULED by staff (reason in data)
         UPDATED = "updated"  # amount / execute_at edited while SCHEDULED (old and new in data)
+        # A payout's rail call ended ambiguously; it stays EXECUTING until a lookup by key
+        # (at lease_until, in data) resolves it.
+        OUTCOME_UNKNOWN = "outcome_unknown"
 
     # Indexed by payments_event_payment_idx (payment, id): no second index.
     payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="events", db_index=False)
@@ -456,3 +501,136 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} at {self.beat_at}"
+
+
+# --- Payouts: money that leaves the ledger through a payment rail (docs/reference/payouts.md)
+
+
+class Rail(models.TextChoices):
+    SANDBOX = "sandbox"  # the sandbox gateway shipped with the project (the Procfile's ``gateway``)
+
+
+def new_payee_id() -> str:
+    return new_id("pye")
+
+
+class Payee(models.Model):
+    """Someone outside the ledger a user pays through a rail: ``destination`` is the rail's
+    reference of their account. Owned by its creator. Deleting one only hides it
+    (``deleted_at``): the payouts made to it keep pointing at it."""
+
+    id = models.CharField(primary_key=True, max_length=40, default=new_payee_id, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="payees")
+    name = models.CharField(max_length=100)
+    rail = models.CharField(max_length=20, choices=Rail.choices)
+    destination = models.CharField(max_length=64)
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(rail__in=Rail.values), name="payments_payee_rail_valid"),
+            models.CheckConstraint(
+                condition=models.Q(destination__regex=r"^[A-Za-z0-9_.:-]{1,64}$"),
+                name="payments_payee_destination_valid",
+            ),
+        ]
+        indexes = [models.Index(fields=["owner", "created_at"], name="payments_payee_owner_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.name})"
+
+
+class PayoutState(models.TextChoices):
+    PENDING = "pending"  # funds reserved; the rail's answer is not known yet
+    PAID = "paid"  # the rail paid it: the reserve was posted to the rail's settlement account
+    DECLINED = "declined"  # the rail declined it: the reserve was voided (money back to the payer)
+    VOIDED = "voided"  # staff resolved it as failed once the rail confirmed it holds no payout
+
+
+class Payout(models.Model):
+    """A payout's record at its rail: written when its funds are reserved (the ledger's
+    pending transfer, keyed by the payment id) and finished in the transaction that posts
+    or voids that reserve and ends the payment."""
+
+    payment = models.OneToOneField(ScheduledPayment, primary_key=True, on_delete=models.PROTECT,
+                                   related_name="payout")
+    rail = models.CharField(max_length=20, choices=Rail.choices)
+    destination = models.CharField(max_length=64)  # the payee's, when the funds were reserved
+    amount = models.BigIntegerField()
+    state = models.CharField(max_length=10, choices=PayoutState.choices, default=PayoutState.PENDING)
+    reference = models.CharField(max_length=100, blank=True, default="")  # the rail's payout id
+    paid_at = models.DateTimeField(null=True, blank=True)  # the rail's time (its settlement day)
+    decline_code = models.CharField(max_length=60, blank=True, default="")
+    submissions = models.IntegerField(default=0)
+    lookups = models.IntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now(), editable=False)
+    updated_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(state__in=PayoutState.values), name="payments_payout_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(state="paid") | (~models.Q(reference="") & models.Q(paid_at__isnull=False)),
+                name="payments_payout_paid_has_reference",
+            ),
+        ]
+        indexes = [
+            # Settlement reconciliation: the payouts the rail paid on one day.
+            models.Index(
+                fields=["rail", "paid_at"], condition=models.Q(state="paid"), name="payments_payout_paid_idx"
+            ),
+            models.Index(
+                fields=["created_at"], condition=models.Q(state="pending"), name="payments_payout_pending_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.payment_id} {self.state}"
+
+
+class BreakerState(models.TextChoices):
+    CLOSED = "closed"  # payouts flow
+    OPEN = "open"  # failing: payouts of the rail are not claimed (they wait, SCHEDULED)
+    HALF_OPEN = "half_open"  # after the cool-down: a few probe payouts go through
+
+
+class RailState(models.Model):
+    """Per rail, shared by every promoter and worker of the fleet: the circuit breaker and
+    the token bucket that paces submissions. One row per rail, locked for each claim and
+    each recorded batch of rail calls."""
+
+    rail = models.CharField(primary_key=True, max_length=20, choices=Rail.choices)
+    breaker = models.CharField(max_length=10, choices=BreakerState.choices, default=BreakerState.CLOSED)
+    # Staff override: "open" or "closed" holds the breaker there until cleared ("").
+    forced = models.CharField(max_length=10, blank=True, default="")
+    forced_by = models.CharField(max_length=150, blank=True, default="")
+    forced_reason = models.TextField(blank=True, default="")
+    opened_at = models.DateTimeField(null=True, blank=True)
+    consecutive_failures = models.IntegerField(default=0)
+    window_started_at = models.DateTimeField(db_default=Now())
+    window_calls = models.IntegerField(default=0)
+    window_failures = models.IntegerField(default=0)
+    probes_claimed = models.IntegerField(default=0)
+    tokens = models.FloatField(default=0.0)
+    refilled_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        verbose_name = "rail"
+        verbose_name_plural = "rails"
+        permissions = [("force_breaker", "Can force a rail's circuit breaker open or closed")]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(breaker__in=BreakerState.values),
+                                   name="payments_railstate_breaker_valid"),
+            models.CheckConstraint(condition=models.Q(forced__in=["", "open", "closed"]),
+                                   name="payments_railstate_forced_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.rail}: {self.forced or self.breaker}"

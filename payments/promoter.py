@@ -16,7 +16,9 @@ from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
 
-from . import metrics, services, sql
+from rails.base import RAIL_NAMES
+
+from . import breaker, metrics, services, sql
 from .execution import worker_name
 from .models import Heartbeat
 from .series import recurring_generate_due
@@ -28,6 +30,9 @@ outcome_logger = logging.getLogger("payments.outcomes")
 # The execute message's contract: this task name, args [[[payment_id, attempt], ...]].
 # Published by name, so the promoter needs no import of the tasks module.
 EXECUTE_TASK = "payments.tasks.execute_batch"
+# Payouts go to their own queue and process (the Procfile's ``payouts``): a slow rail never
+# holds the internal transfers' workers. Same args.
+PAYOUT_TASK = "payments.tasks.execute_payouts"
 
 Pair = tuple[str, int]  # (payment_id, attempt)
 
@@ -54,6 +59,7 @@ class TickResult:
     seconds: float = 0.0
     dispatch_lateness: list[float] = field(default_factory=list)  # claimed_at - execute_at, fresh claims
     reclaimed_pairs: list[Pair] = field(default_factory=list)
+    payouts: int = 0  # payouts claimed (fresh and follow-ups), within their rails' allowance
 
 
 def claim_params(*, batch: int, lease_seconds: float, actor: str = "promoter") -> dict:
@@ -75,6 +81,56 @@ def claim_due(*, batch: int, lease_seconds: float, actor: str = "promoter") -> C
                 if started:
                     claim.started.add((payment_id, attempt))
     return claim
+
+
+def claim_payouts(*, rail: str, batch: int, lease_seconds: float, actor: str = "promoter") -> Claim:
+    """Claim up to ``batch`` of one rail's due payouts (and follow-ups whose lease ran out),
+    within what its breaker and its pacing allow now (payments/breaker.py). Commits."""
+    claim = Claim()
+    with transaction.atomic(), connection.cursor() as cur:
+        state, allowance = breaker.take_allowance(rail=rail, want=batch)
+        if allowance > 0:
+            cur.execute(sql.CLAIM_PAYOUTS_DUE, {
+                **claim_params(batch=allowance, lease_seconds=lease_seconds, actor=actor), "rail": rail,
+            })
+            for payment_id, attempt, previous, lateness, _started in cur.fetchall():
+                if previous == "SCHEDULED":
+                    claim.fresh.append((payment_id, attempt))
+                    claim.dispatch_lateness.append(lateness)
+                else:
+                    claim.reclaimed.append((payment_id, attempt))
+        breaker.spend(state, len(claim))
+    return claim
+
+
+def publish_payouts(messages: Sequence[list[Pair]]) -> None:
+    with current_app.producer_or_acquire() as producer:
+        for pairs in messages:
+            current_app.send_task(PAYOUT_TASK, args=[pairs], producer=producer, retry=False)
+
+
+def payouts_tick(
+    *, publish: Callable[[Sequence[list[Pair]]], None], deadline: float, lease_seconds: float, result: "TickResult"
+) -> None:
+    """Claim and publish each rail's payouts, batch by batch, until its allowance is spent,
+    nothing is due or the tick's budget is. A publish that fails leaves the claim to its
+    lease (no worker started it: no try is spent); the payouts wait for Redis."""
+    batch = settings.DELAYPAY_RAIL_CLAIM_BATCH
+    for rail in RAIL_NAMES:
+        while True:
+            claim = claim_payouts(rail=rail, batch=batch, lease_seconds=lease_seconds)
+            if not claim:
+                break
+            result.payouts += len(claim)
+            result.dispatch_lateness += claim.dispatch_lateness
+            try:
+                publish([claim.fresh + claim.reclaimed])
+                result.messages += 1
+            except Exception:
+                logger.exception("publishing %d claimed payouts failed; they wait for their lease", len(claim))
+                return
+            if len(claim) < batch or time.monotonic() >= deadline:
+                break
 
 
 def count_in_flight() -> int:
@@ -126,11 +182,12 @@ def promoter_run_tick(*, degraded: bool = False) -> "TickResult":
             "payment reclaimed after its lease expired",
             extra={"payment_id": payment_id, "attempt": attempt, "outcome": "reclaimed"},
         )
-    if result.claimed:
+    if result.claimed or result.payouts:
         logger.info(
             "promoter tick",
             extra={
                 "claimed": result.claimed,
+                "payouts": result.payouts,
                 "reclaimed": result.reclaimed,
                 "messages": result.messages,
                 "executed_in_process": result.executed_in_process,
@@ -153,6 +210,7 @@ def promoter_tick(
     budget_seconds: float | None = None,
     in_flight_cap: int | None = None,
     degraded: bool = False,
+    publish_payouts: Callable[[Sequence[list[Pair]]], None] = publish_payouts,
 ) -> TickResult:
     """Claim and publish until nothing is due, the budget is spent or the cap is hit.
 
@@ -170,6 +228,11 @@ def promoter_tick(
     started = time.monotonic()
     deadline = started + budget_seconds
     result = TickResult()
+    if not degraded:
+        # Payouts first: their claims are bounded by their rails' pacing, so they never
+        # starve the internal claims below, which go on until the budget is spent. While
+        # Redis is down payouts wait: the promoter never calls a rail in its tick.
+        payouts_tick(publish=publish_payouts, deadline=deadline, lease_seconds=lease_seconds, result=result)
     in_flight = count_in_flight()
     while True:
         room = in_flight_cap - in_flight

@@ -78,6 +78,11 @@ CHECKS: dict[str, str] = {
     "overdue_scheduled": "SCHEDULED and overdue by more than the overdue threshold (the sweep stalled)",
     "event_history": "payment events disagree with its status and attempt",
     "attempt_history": "execution attempts disagree with its status and attempt",
+    "payout_ledger": "payout whose reserve (two-phase transfer) or rail record disagrees with its status",
+    "two_phase_transfers": "pending transfer without exactly its pend: transfer and the post: or void: its state says",
+    "pending_transfer_stale": "funds reserved for a payout for longer than DELAYPAY_RECONCILE_PENDING_SECONDS "
+    "(not parked for review)",
+    "clearing_mismatch": "a rail's clearing account does not hold exactly its pending reserves",
     "webhook_events": "terminal payment without exactly one webhook event of its terminal type (or one not terminal "
     "with such an event)",
 }
@@ -93,7 +98,8 @@ def reconcile(
     overdue = (
         settings.DELAYPAY_RECONCILE_OVERDUE_SECONDS if overdue_after_seconds is None else overdue_after_seconds
     )
-    params = {"limit": max(int(sample_limit), 0), "stuck": float(stuck), "overdue": float(overdue)}
+    params = {"limit": max(int(sample_limit), 0), "stuck": float(stuck), "overdue": float(overdue),
+              "pending": float(settings.DELAYPAY_RECONCILE_PENDING_SECONDS)}
     started = time.monotonic()
     found: dict[str, tuple[int, list[str]]] = {}
     outermost = not connection.in_atomic_block
@@ -105,7 +111,7 @@ def reconcile(
         cur.execute(sql.RECONCILE_COUNT)
         checked_at, payments = cur.fetchone()
         for check_sql in (sql.RECONCILE_PAYMENT_LEDGER, sql.RECONCILE_LEDGER, sql.RECONCILE_LIVENESS,
-                          sql.RECONCILE_HISTORY, sql.RECONCILE_WEBHOOK_EVENTS):
+                          sql.RECONCILE_HISTORY, sql.RECONCILE_PAYOUTS, sql.RECONCILE_WEBHOOK_EVENTS):
             cur.execute(check_sql, params)
             for name, count, samples in cur.fetchall():
                 found[name] = (count, [s.strip() for s in samples or []])

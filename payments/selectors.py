@@ -390,3 +390,20 @@ def recurring_search_condition(*, terms: list[str]) -> Q:
 def _accounts_matching(terms: list[str]) -> list[str]:
     """Ids of the accounts a search term names, by id or by owner username."""
     return list(Account.objects.filter(Q(pk__in=terms) | Q(owner__username__in=terms)).values_list("id", flat=True))
+
+
+@dataclass(frozen=True)
+class RailReading:
+    rail: str
+    breaker: str
+    forced: str
+    opened_at: datetime | None
+    pending: int  # payouts reserved with their outcome unknown
+    pending_oldest_age_seconds: float
+
+
+def rail_states() -> list[RailReading]:
+    """Each rail's breaker and its pending payouts (metrics, the dashboard, the admin)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.RAIL_READINGS)
+        return [RailReading(*row) for row in cur.fetchall()]

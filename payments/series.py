@@ -35,7 +35,15 @@ from .exceptions import (
 )
 from .models import PaymentEvent, PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
 from .rules import Rule, RuleError, check_rule, check_start, next_occurrence, nth_occurrence, occurrences_between
-from .services import _check_amount, actor_label, check_accounts, create_payment_row, db_now
+from .services import (
+    _check_amount,
+    actor_label,
+    check_accounts,
+    check_payee,
+    check_source,
+    create_payment_row,
+    db_now,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +135,8 @@ def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPaymen
                 payer=rec.payer,
                 from_account_id=rec.from_account_id,
                 to_account_id=rec.to_account_id,
+                to_payee_id=rec.to_payee_id,
+                rail=rec.to_payee.rail if rec.to_payee_id else "",
                 amount=rec.amount,
                 execute_at=occurrence_at,
                 recurring_id=rec.id,
@@ -221,7 +231,7 @@ def recurring_create(
     *,
     payer,
     from_account_id: str,
-    to_account_id: str,
+    to_account_id: str | None = None,
     amount: int,
     start_at: datetime,
     interval: str = "",
@@ -229,13 +239,22 @@ def recurring_create(
     timezone: str = "UTC",
     end_at: datetime | None = None,
     count: int | None = None,
+    to_payee_id: str | None = None,
 ) -> RecurringPayment:
     """Create an ACTIVE schedule and, in the same transaction, its first occurrence
     (the first one after now), so the caller sees it straight away."""
     errors: dict[str, list[str]] = {}
     terms = Terms(amount, start_at, interval, cron, timezone, end_at, count)
     with transaction.atomic():
-        check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
+        if to_account_id is None and to_payee_id is None:
+            errors.setdefault("to_account", []).append("Required: give to_account (an account) or to_payee (a payee).")
+        elif to_account_id is not None and to_payee_id is not None:
+            errors.setdefault("to_payee", []).append("Give to_account or to_payee, not both.")
+        elif to_payee_id is not None:
+            check_source(payer=payer, from_account_id=from_account_id, errors=errors)
+            check_payee(payer=payer, to_payee_id=to_payee_id, errors=errors)
+        else:
+            check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
         last_at = _validated(terms, errors)
         if not errors and next_occurrence(_rule(start_at, interval, cron, timezone, last_at), after=db_now()) is None:
             errors.setdefault("end_at" if end_at else "count", []).append("The series has no occurrence left.")
@@ -246,6 +265,7 @@ def recurring_create(
             payer=payer,
             from_account_id=from_account_id,
             to_account_id=to_account_id,
+            to_payee_id=to_payee_id,
             amount=amount,
             start_at=start_at,
             interval=interval,

@@ -19,9 +19,20 @@ from .exceptions import (
     PaymentNotFound,
     PaymentNotInReview,
     PaymentValidationError,
+    PayoutOutcomeUnknown,
     VersionMismatch,
 )
-from .models import FailureReason, Heartbeat, PaymentEvent, PaymentStatus, ScheduledPayment
+from .models import (
+    FailureReason,
+    Heartbeat,
+    Payee,
+    PaymentEvent,
+    PaymentStatus,
+    Payout,
+    PayoutState,
+    ScheduledPayment,
+)
+from .payees import payout_resolve_failed
 
 MAX_JITTER_SECONDS = 3600
 MAX_EXPIRES_AFTER = timedelta(days=365)
@@ -72,6 +83,24 @@ def check_accounts(*, payer, from_account_id: str, to_account_id: str, errors: d
         errors.setdefault("to_account", []).append("The account is closed.")
 
 
+def check_payee(*, payer, to_payee_id: str, errors: dict[str, list[str]]) -> str:
+    """The payee is the payer's and not deleted; returns its rail."""
+    payee = Payee.objects.filter(pk=to_payee_id, owner=payer, deleted_at__isnull=True).first()
+    if payee is None:
+        errors.setdefault("to_payee", []).append("No such payee of yours.")
+        return ""
+    return payee.rail
+
+
+def check_source(*, payer, from_account_id: str, errors: dict[str, list[str]]) -> None:
+    """The payer owns the active source account (a payout's only account)."""
+    source = Account.objects.filter(pk=from_account_id).first()
+    if source is None or source.owner_id != payer.pk:
+        errors.setdefault("from_account", []).append("No such account of yours.")
+    elif source.status != Account.Status.ACTIVE:
+        errors.setdefault("from_account", []).append(f"The account is {source.status}.")
+
+
 def with_jitter(requested: datetime, jitter_seconds: int) -> datetime:
     """Uniform in [requested, requested + jitter], never earlier than requested."""
     if not jitter_seconds:
@@ -83,7 +112,7 @@ def create_payment_row(
     *,
     payer,
     from_account_id: str,
-    to_account_id: str,
+    to_account_id: str | None,
     amount: int,
     execute_at: datetime,
     jitter_seconds: int = 0,
@@ -91,6 +120,8 @@ def create_payment_row(
     recurring_id: str | None = None,
     occurrence_at: datetime | None = None,
     actor: str | None = None,
+    to_payee_id: str | None = None,
+    rail: str = "",
 ) -> ScheduledPayment:
     """Insert a SCHEDULED payment and its ``created`` event (caller's transaction).
     No validation: callers have done it (the API) or own the terms (a recurring rule)."""
@@ -98,6 +129,8 @@ def create_payment_row(
         payer=payer,
         from_account_id=from_account_id,
         to_account_id=to_account_id,
+        to_payee_id=to_payee_id,
+        rail=rail,
         amount=amount,
         execute_at=with_jitter(execute_at, jitter_seconds),
         requested_execute_at=execute_at,
@@ -124,11 +157,12 @@ def payment_schedule(
     *,
     payer,
     from_account_id: str,
-    to_account_id: str,
+    to_account_id: str | None = None,
     amount: int,
     execute_at: datetime,
     jitter_seconds: int = 0,
     expires_after: timedelta | None = None,
+    to_payee_id: str | None = None,
 ) -> ScheduledPayment:
     """Record a payment to run at ``execute_at`` (plus up to ``jitter_seconds``, drawn
     now); funds are checked at execution time.
@@ -145,8 +179,17 @@ def payment_schedule(
         errors.setdefault("jitter_seconds", []).append(f"Must be an integer between 0 and {MAX_JITTER_SECONDS}.")
     if expires_after is not None and not timedelta(seconds=1) <= expires_after <= MAX_EXPIRES_AFTER:
         errors.setdefault("expires_after", []).append("Must be between 1 second and 365 days.")
+    rail = ""
     with transaction.atomic():
-        check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
+        if to_account_id is None and to_payee_id is None:
+            errors.setdefault("to_account", []).append("Required: give to_account (an account) or to_payee (a payee).")
+        elif to_account_id is not None and to_payee_id is not None:
+            errors.setdefault("to_payee", []).append("Give to_account or to_payee, not both.")
+        elif to_payee_id is not None:
+            check_source(payer=payer, from_account_id=from_account_id, errors=errors)
+            rail = check_payee(payer=payer, to_payee_id=to_payee_id, errors=errors)
+        else:
+            check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
         _check_execute_at(execute_at, errors)
         if errors:
             raise PaymentValidationError(errors)
@@ -163,6 +206,8 @@ def payment_schedule(
             execute_at=execute_at,
             jitter_seconds=jitter_seconds or 0,
             expires_after=expires_after,
+            to_payee_id=to_payee_id,
+            rail=rail,
         )
     payment.refresh_from_db()
     return payment
@@ -300,6 +345,8 @@ def payment_cancel_outcome(*, payment_id: str, actor, expected_version: int | No
     payment = ScheduledPayment.objects.filter(pk=payment_id).first()
     if payment is None:
         raise PaymentNotFound()
+    if payment.status in (PaymentStatus.SCHEDULED, PaymentStatus.NEEDS_REVIEW) and payment.is_payout:
+        raise PayoutOutcomeUnknown(payment.status)  # CANCEL_PENDING skips a payout with reserved funds
     if payment.status != PaymentStatus.CANCELLED:
         raise PaymentNotCancellable(payment.status)
     return CancelOutcome(payment, cancelled_now=row is not None)
@@ -391,6 +438,12 @@ def payment_resolve(
     _check_review_reason(reason, errors)
     if errors:
         raise PaymentValidationError(errors)
+    if payouts_reserved(payment_id):
+        # A parked payout with its funds reserved: its rail decides (payments/payees.py).
+        with transaction.atomic():
+            _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])
+        if payout_resolve_failed(payment_id=payment_id, actor=actor, reason=reason):
+            return ReviewOutcome(ScheduledPayment.objects.get(pk=payment_id), changed_now=True)
     with transaction.atomic(), connection.cursor() as cur:
         _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])
         cur.execute(sql.RESOLVE_FAILED, {"id": payment_id})
@@ -409,6 +462,10 @@ def payment_resolve(
     if payment.status == PaymentStatus.FAILED and payment.failure_reason == FailureReason.RESOLVED_BY_STAFF:
         return ReviewOutcome(payment, changed_now=False)
     raise PaymentNotInReview(payment.status)
+
+
+def payouts_reserved(payment_id: str) -> bool:
+    return Payout.objects.filter(payment_id=payment_id, state=PayoutState.PENDING).exists()
 
 
 def heartbeat_record(*, name: str, value: int = 0) -> None:

@@ -16,17 +16,20 @@ the statement expects and why it is shaped as it is.
 # ======================================================================================
 
 # Raw SQL because the ORM cannot say UPDATE ... FROM (SELECT ... SKIP LOCKED) RETURNING
-# with a data-modifying CTE. One statement claims, fences (attempt + 1), leases, and
-# writes the audit events, so a claim and its record commit together.
+# with a data-modifying CTE. Internal payments only (rail = ''): payouts are claimed by
+# CLAIM_PAYOUTS_DUE below, paced and behind their rail's breaker. One statement claims,
+# fences (attempt + 1), leases, and writes the audit events, so a claim and its record
+# commit together.
 #
 # Fresh and expired rows are two locking CTEs rather than the single "WHERE a OR b" of
 # DESIGN.md: with OR the planner bitmap-scans every due row and sorts them all before
 # LIMIT, which is O(backlog) per claim during a burst; each CTE here walks its own
 # partial index in order and stops after LIMIT rows.
-CLAIM_DUE = """
+_CLAIM_TEMPLATE = """
 WITH fresh AS (
     SELECT id, status, execute_at AS due_at FROM payments_scheduledpayment
      WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now()
+       AND :fresh_rail
      ORDER BY execute_at, id
      LIMIT %(batch)s
        FOR NO KEY UPDATE SKIP LOCKED
@@ -34,12 +37,13 @@ WITH fresh AS (
     -- Retries whose wait on the ladder is over (payments_retry_idx, few rows).
     SELECT id, status, next_attempt_at AS due_at FROM payments_scheduledpayment
      WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL AND next_attempt_at <= now()
+       AND :rail
      ORDER BY next_attempt_at, id
      LIMIT %(batch)s
        FOR NO KEY UPDATE SKIP LOCKED
 ), expired AS (
     SELECT id, status, lease_until AS due_at FROM payments_scheduledpayment
-     WHERE status = 'EXECUTING' AND lease_until < now()
+     WHERE status = 'EXECUTING' AND lease_until < now() AND :rail
      ORDER BY lease_until
      LIMIT %(reclaim_batch)s
        FOR NO KEY UPDATE SKIP LOCKED
@@ -81,12 +85,30 @@ SELECT id, attempt, previous_status, extract(epoch FROM now() - due_at)::float8 
 """
 
 
+def _claim_for(*, rail: str, fresh_rail: str) -> str:
+    """The claim with its rail filters in place (fixed fragments, never input)."""
+    return _CLAIM_TEMPLATE.replace(":fresh_rail", fresh_rail).replace(":rail", rail)
+
+
+CLAIM_DUE = _claim_for(rail="rail = ''", fresh_rail="rail = ''")
+
+# The payouts' claim, one rail at a time (payments/payouts.py): the same statement over
+# that rail's rows only, its fresh rows from payments_payout_due_idx. The caller passes
+# the rail's allowance (breaker and pacing) as %(batch)s. An EXECUTING payout whose lease
+# ran out is either a worker that died mid-flight or an ambiguous answer whose follow-up
+# is due: either way the next attempt looks it up at the rail by key first.
+CLAIM_PAYOUTS_DUE = _claim_for(rail="rail = %(rail)s", fresh_rail="rail <> '' AND rail = %(rail)s")
+
+
 # Live leases only. A row whose lease expired is not in flight: its message or worker is
 # gone, and it is exactly what the next claim must take again. Counting it would let a
 # lost window of messages (Redis restarted with the cap's worth queued) block the
 # promoter forever.
+# Internal payments only: payouts are bounded by their rail's pacing, and a payout waiting
+# for the follow-up of an ambiguous answer must not hold room the internal claim needs.
 COUNT_IN_FLIGHT = (
     "SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTING' AND lease_until >= now()"
+    " AND rail = ''"
 )
 
 
@@ -172,12 +194,16 @@ UPDATE payments_scheduledpayment p
 # Schedule and reschedule (services.py)
 # ======================================================================================
 
-# Cancel: a CAS from SCHEDULED or NEEDS_REVIEW (the claim races it on the same row),
+# Cancel: a CAS from SCHEDULED or NEEDS_REVIEW (the claim races it on the same row; a
+# payout's reserve is written under that row's lock, so the NOT EXISTS sees it),
 # returning the status it left so the event records it; %s: the payment id.
 CANCEL_PENDING = """
 WITH old AS (
-    SELECT id, status FROM payments_scheduledpayment
-     WHERE id = %s AND status IN ('SCHEDULED', 'NEEDS_REVIEW') FOR NO KEY UPDATE
+    SELECT id, status FROM payments_scheduledpayment p
+     WHERE id = %s AND status IN ('SCHEDULED', 'NEEDS_REVIEW')
+       -- A payout whose funds are reserved may have been paid by its rail: never cancelled.
+       AND NOT EXISTS (SELECT 1 FROM payments_payout o WHERE o.payment_id = p.id AND o.state = 'pending')
+       FOR NO KEY UPDATE
 )
 UPDATE payments_scheduledpayment p
    SET status = 'CANCELLED', cancelled_at = now(), updated_at = now(), version = p.version + 1
@@ -370,7 +396,9 @@ WITH j AS (
       FULL JOIN ledger_transfer t ON t.key = p.id
      WHERE p.id IS NOT NULL OR t.key LIKE 'pay\_%%'
 ), v AS (
-    SELECT 'executed_without_transfer' AS name, id AS subject FROM j WHERE status = 'EXECUTED' AND key IS NULL
+    -- A payout's money moves by two-phase transfers (RECONCILE_PAYOUTS), never under its id.
+    SELECT 'executed_without_transfer' AS name, id AS subject FROM j
+     WHERE status = 'EXECUTED' AND key IS NULL AND to_account_id IS NOT NULL
     UNION ALL
     -- The unique index on key makes this a walk of the index; it only finds something
     -- if that constraint was lost.
@@ -677,4 +705,152 @@ WITH days AS (
 UNION (SELECT payer_id FROM payers WHERE busiest IS NOT NULL ORDER BY busiest DESC LIMIT %(n)s)
 UNION (SELECT payer_id FROM series ORDER BY n DESC LIMIT %(n)s)
 UNION (SELECT payer_id FROM series ORDER BY amount DESC LIMIT %(n)s)
+"""
+
+
+# ======================================================================================
+# Payouts (payouts.py)
+# ======================================================================================
+
+# The fence of a payout batch (as LOCK_FENCED), with what the rail call needs: the rail,
+# the destination (the one reserved with, else the payee's) and the payout's state
+# (NULL: no funds reserved yet).
+LOCK_FENCED_PAYOUTS = """
+SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
+       coalesce(p.execute_at + p.expires_after < now(), false) AS expired, p.tries,
+       p.rail, coalesce(o.destination, e.destination), o.state
+  FROM payments_scheduledpayment p
+  JOIN unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
+    ON m.id = p.id AND m.attempt = p.attempt AND m.status = p.status
+  JOIN payments_payee e ON e.id = p.to_payee_id
+  LEFT JOIN payments_payout o ON o.payment_id = p.id
+ WHERE p.id = ANY(%(ids)s::text[])
+ ORDER BY p.id
+   FOR NO KEY UPDATE OF p
+"""
+
+# The payout records of the funds just reserved; %s: payment ids, rails, destinations,
+# amounts.
+INSERT_PAYOUTS = """
+INSERT INTO payments_payout (payment_id, rail, destination, amount, state, reference, decline_code, submissions,
+                             lookups, last_error, created_at, updated_at)
+SELECT id, rail, destination, amount, 'pending', '', '', 0, 0, '', now(), now()
+  FROM unnest(%s::text[], %s::text[], %s::text[], %s::bigint[]) AS v(id, rail, destination, amount)
+ON CONFLICT (payment_id) DO NOTHING
+"""
+
+# What one round of rail calls learnt, per payout: its new state (pending while
+# unknown), the rail's reference and time, the decline code, the calls made, the error.
+UPDATE_PAYOUTS = """
+UPDATE payments_payout o
+   SET state = v.state, reference = coalesce(nullif(v.reference, ''), o.reference),
+       paid_at = coalesce(v.paid_at, o.paid_at), decline_code = v.decline_code,
+       submissions = o.submissions + v.submissions, lookups = o.lookups + v.lookups,
+       last_error = v.error, updated_at = now()
+  FROM unnest(%s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::text[], %s::int[], %s::int[], %s::text[])
+       AS v(id, state, reference, paid_at, decline_code, submissions, lookups, error)
+ WHERE o.payment_id = v.id
+"""
+
+# An ambiguous answer: the payout stays EXECUTING, its lease moved to the follow-up (the
+# next attempt, claimed when the lease runs out, looks it up by key), with an "unknown"
+# attempt row and an outcome_unknown event, in one statement.
+PAYOUT_FOLLOW_UP = """
+WITH v AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[],
+                         %(unsent)s::bool[])
+        AS v(id, attempt, delay, error, unsent)
+), moved AS (
+    -- A call that provably never reached the rail (connection refused) gives its try back:
+    -- an unreachable rail delays a payout (its breaker opens), it never parks it.
+    UPDATE payments_scheduledpayment p
+       SET lease_until = now() + make_interval(secs => v.delay), updated_at = now(),
+           tries = CASE WHEN v.unsent THEN greatest(p.tries - 1, 0) ELSE p.tries END
+      FROM v
+     WHERE p.id = ANY(%(ids)s::text[]) AND p.id = v.id AND p.attempt = v.attempt AND p.status = 'EXECUTING'
+ RETURNING p.id, p.attempt, p.lease_until, v.error
+), attempts AS (
+    INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)
+    SELECT id, attempt, %(started_at)s, now(), %(worker)s, 'unknown', error FROM moved
+    ON CONFLICT (payment_id, attempt) DO NOTHING
+)
+INSERT INTO payments_paymentevent (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
+SELECT id, 'outcome_unknown', 'EXECUTING', 'EXECUTING', attempt, %(actor)s,
+       jsonb_build_object('follow_up_at', lease_until, 'error', left(error, 200)), now()
+  FROM moved
+"""
+
+# Each rail's breaker and its payouts pending at the rail (payments_payout_pending_idx).
+RAIL_READINGS = """
+SELECT r.rail, r.breaker, r.forced, r.opened_at, count(o.payment_id),
+       coalesce(extract(epoch FROM now() - min(o.created_at)), 0)::float8
+  FROM payments_railstate r
+  LEFT JOIN payments_payout o ON o.rail = r.rail AND o.state = 'pending'
+ GROUP BY r.rail ORDER BY r.rail
+"""
+
+
+# Payouts and two-phase transfers (ledger_pendingtransfer): each payout's reserve agrees
+# with its status (EXECUTED: posted; FAILED or CANCELLED: voided or never reserved; not
+# finished: pending or never reserved) and with its record at the rail; every pending row
+# has its "pend:" transfer and exactly the "post:" or "void:" transfer its state says; no
+# reserve is pending for longer than %(pending)s seconds unless staff hold it in review;
+# each rail's clearing account holds exactly its pending amounts.
+RECONCILE_PAYOUTS = r"""
+WITH po AS (
+    SELECT p.id, p.status, p.amount, p.from_account_id, p.rail, o.state, o.amount AS o_amount,
+           t.state AS t_state, t.amount AS t_amount, t.debit_account_id AS t_debit, t.clearing_account_id AS t_clearing
+      FROM payments_scheduledpayment p
+      LEFT JOIN payments_payout o ON o.payment_id = p.id
+      LEFT JOIN ledger_pendingtransfer t ON t.key = p.id
+     WHERE p.rail <> ''
+), problems AS (
+    SELECT id, status, concat_ws('; ',
+        CASE WHEN status = 'EXECUTED' AND (state IS DISTINCT FROM 'paid' OR t_state IS DISTINCT FROM 'posted')
+             THEN 'executed with payout ' || coalesce(state, 'none') || ', reserve ' || coalesce(t_state, 'none') END,
+        CASE WHEN status IN ('FAILED', 'CANCELLED')
+                  AND (t_state IN ('pending', 'posted') OR state IN ('paid', 'pending'))
+             THEN 'payout ' || coalesce(state, 'none') || ', reserve ' || coalesce(t_state, 'none') END,
+        CASE WHEN status IN ('SCHEDULED', 'EXECUTING', 'NEEDS_REVIEW') AND t_state IN ('posted', 'voided')
+             THEN 'not finished with its reserve ' || t_state END,
+        CASE WHEN (state IS NULL) <> (t_state IS NULL)
+             THEN 'payout ' || coalesce(state, 'none') || ' with reserve ' || coalesce(t_state, 'none') END,
+        CASE WHEN t_state IS NOT NULL AND (t_amount <> amount OR o_amount <> amount OR t_debit <> from_account_id
+                                           OR t_clearing <> 'acc_' || rail || '_clearing')
+             THEN 'reserve of ' || t_amount || ' from ' || t_debit || ' to ' || t_clearing END
+    ) AS problem FROM po
+), legs AS (
+    SELECT split_part(key, ':', 2) AS pkey,
+           count(*) FILTER (WHERE key LIKE 'pend:%%') AS pend,
+           count(*) FILTER (WHERE key LIKE 'post:%%') AS post,
+           count(*) FILTER (WHERE key LIKE 'void:%%') AS void
+      FROM ledger_transfer WHERE key LIKE 'pend:%%' OR key LIKE 'post:%%' OR key LIKE 'void:%%'
+     GROUP BY 1
+), v AS (
+    SELECT 'payout_ledger' AS name, id || ' ' || status || ': ' || problem AS subject FROM problems WHERE problem <> ''
+    UNION ALL
+    SELECT 'two_phase_transfers',
+           coalesce(t.key, legs.pkey) || ' ' || coalesce(t.state, 'no pending row') || ': pend '
+              || coalesce(legs.pend, 0) || ', post ' || coalesce(legs.post, 0) || ', void ' || coalesce(legs.void, 0)
+      FROM ledger_pendingtransfer t
+      FULL JOIN legs ON legs.pkey = t.key
+     WHERE t.key IS NULL OR coalesce(legs.pend, 0) <> 1
+        OR coalesce(legs.post, 0) <> CASE WHEN t.state = 'posted' THEN 1 ELSE 0 END
+        OR coalesce(legs.void, 0) <> CASE WHEN t.state = 'voided' THEN 1 ELSE 0 END
+    UNION ALL
+    SELECT 'pending_transfer_stale',
+           t.key || ' pending ' || floor(extract(epoch FROM now() - t.created_at))::bigint || 's, payment '
+              || coalesce(p.status, 'missing')
+      FROM ledger_pendingtransfer t
+      LEFT JOIN payments_scheduledpayment p ON p.id = t.key
+     WHERE t.state = 'pending' AND t.created_at < now() - make_interval(secs => %(pending)s)
+       AND p.status IS DISTINCT FROM 'NEEDS_REVIEW'
+    UNION ALL
+    SELECT 'clearing_mismatch', a.id || ' balance ' || a.balance || ', pending ' || coalesce(s.total, 0)
+      FROM ledger_account a
+      LEFT JOIN (SELECT clearing_account_id, sum(amount) AS total FROM ledger_pendingtransfer
+                  WHERE state = 'pending' GROUP BY 1) s ON s.clearing_account_id = a.id
+     WHERE a.kind = 'system' AND a.id LIKE 'acc\_%%\_clearing' AND a.balance <> coalesce(s.total, 0)
+)
+SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
 """

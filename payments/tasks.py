@@ -6,12 +6,15 @@ schedule. The only countdowns here are a few seconds of retry backoff.
 
 import logging
 import random
+from datetime import date
 
 from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections
 
-from . import metrics, promoter, reconciliation
+from rails.base import RailUnavailable
+
+from . import metrics, payouts, promoter, reconciliation, settlement
 from .worker import TRANSIENT_ERRORS, run_batch
 
 logger = logging.getLogger(__name__)
@@ -30,34 +33,48 @@ def promoter_tick() -> dict:
     return {"claimed": result.claimed, "reclaimed": result.reclaimed}
 
 
-@shared_task(
-    bind=True,
-    name=promoter.EXECUTE_TASK,
-    ignore_result=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-)
-def execute_batch(self, pairs: list[list]) -> dict:
-    """Execute a claimed batch ``[[payment_id, attempt], ...]`` exactly once in effect."""
+def run_claimed(task, pairs: list[list], run) -> dict:
+    """Run one claimed batch with ``run`` (``run_batch`` or ``run_payout_batch``); a
+    transient database error retries the message with backoff, at most
+    DELAYPAY_TRANSIENT_RETRIES times, then gives up on it: the leases expire and the
+    claim takes the payments again."""
     try:
-        result = run_batch([(str(p[0]), int(p[1])) for p in pairs])
+        result = run([(str(p[0]), int(p[1])) for p in pairs])
     except TRANSIENT_ERRORS as exc:
         close_old_connections()
         metrics.record_transient_error()
-        if self.request.retries >= settings.DELAYPAY_TRANSIENT_RETRIES:
-            # Give up on this message; the leases expire and the claim takes them again.
+        if task.request.retries >= settings.DELAYPAY_TRANSIENT_RETRIES:
             logger.error("batch gave up after transient errors", extra={
-                "payments": len(pairs), "retries": self.request.retries, "error": type(exc).__name__,
-                "error_detail": str(exc)[:500],
+                "task": task.name, "payments": len(pairs), "retries": task.request.retries,
+                "error": type(exc).__name__, "error_detail": str(exc)[:500],
             })
             return {"gave_up": len(pairs)}
-        raise self.retry(exc=exc, countdown=backoff_with_jitter(self.request.retries)) from exc
+        raise task.retry(exc=exc, countdown=backoff_with_jitter(task.request.retries)) from exc
     return {
         "executed": len(result.executed),
         "already_applied": len(result.already_applied),
         "failed": len(result.failed),
+        "unknown": len(result.unknown),
         "stale": len(result.stale),
     }
+
+
+# Both acknowledge late and reject on a lost worker: a message whose worker died is
+# delivered again, and the attempt fence makes the redelivery harmless.
+CLAIMED_BATCH = {"bind": True, "ignore_result": True, "acks_late": True, "reject_on_worker_lost": True}
+
+
+@shared_task(name=promoter.EXECUTE_TASK, **CLAIMED_BATCH)
+def execute_batch(self, pairs: list[list]) -> dict:
+    """Execute a claimed batch ``[[payment_id, attempt], ...]`` exactly once in effect."""
+    return run_claimed(self, pairs, run_batch)
+
+
+@shared_task(name=promoter.PAYOUT_TASK, **CLAIMED_BATCH)
+def execute_payouts(self, pairs: list[list]) -> dict:
+    """Work a claimed batch of payouts ``[[payment_id, attempt], ...]``: reserve, call the
+    rail outside any transaction, post or void (payments/payouts.py)."""
+    return run_claimed(self, pairs, payouts.run_payout_batch)
 
 
 @shared_task(name="payments.tasks.reconcile_daily", ignore_result=True)
@@ -65,3 +82,16 @@ def reconcile_daily() -> dict:
     """Run the reconciliation (beat, daily) and log every violated check at ERROR."""
     report = reconciliation.reconcile_and_report()
     return {"ok": report.ok, "violations": report.violations}
+
+
+@shared_task(name="payments.tasks.reconcile_settlement_daily", bind=True, ignore_result=True, max_retries=12)
+def reconcile_settlement_daily(self, day: str | None = None) -> dict:
+    """Reconcile every rail's settlement report of ``day`` (default yesterday, UTC; beat,
+    daily). A rail that does not answer is tried again every 10 minutes for two hours,
+    the day pinned so that a retry after midnight checks the same day."""
+    target = date.fromisoformat(day) if day else settlement.yesterday_utc()
+    try:
+        reports = settlement.reconcile_settlement_all(day=target)
+    except RailUnavailable as exc:
+        raise self.retry(exc=exc, countdown=600, kwargs={"day": target.isoformat()}) from exc
+    return {"day": target.isoformat(), "mismatches": sum(r.mismatches for r in reports)}

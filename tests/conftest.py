@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from devtools.processes import Stack
 from ledger.models import ISSUANCE_ACCOUNT_ID, Account
+from payments.models import Rail, RailState
 
 from .factories import UserFactory
 
@@ -57,6 +58,43 @@ def _issuance_account(request):
     Account.objects.get_or_create(
         id=ISSUANCE_ACCOUNT_ID, defaults={"name": "Issuance", "kind": Account.Kind.SYSTEM}
     )
+    for rail in Rail.values:  # and each rail's accounts and state (payments/0014)
+        for role in ("clearing", "settlement"):
+            Account.objects.get_or_create(
+                id=f"acc_{rail}_{role}", defaults={"name": f"{rail} {role}", "kind": Account.Kind.SYSTEM}
+            )
+        RailState.objects.get_or_create(rail=rail)
+
+
+@pytest.fixture
+def fast_rail(rail_gateway, settings):
+    """The sandbox rail unpaced (a full bucket, a high limit) and with short timeouts."""
+    settings.DELAYPAY_RAIL_RATE_LIMIT = 10_000
+    settings.DELAYPAY_RAIL_TIMEOUT_SECONDS = 2.0
+    RailState.objects.filter(rail="sandbox").update(tokens=10_000)
+    return rail_gateway
+
+
+@pytest.fixture(scope="session")
+def sandbox_gateway(tmp_path_factory):
+    """The sandbox gateway (rails/sandbox.py) as a real process on a free loopback port,
+    shared by the session; ``rail_gateway`` points the product at it, reset."""
+    from devtools.gateway import SandboxGateway
+
+    with SandboxGateway(db_path=tmp_path_factory.mktemp("gateway") / "gateway.sqlite3") as gateway:
+        yield gateway
+
+
+@pytest.fixture
+def rail_gateway(sandbox_gateway, settings):
+    from rails.base import close_rails
+
+    sandbox_gateway.reset(data=True)
+    settings.DELAYPAY_RAIL_SANDBOX_URL = sandbox_gateway.url
+    close_rails()
+    yield sandbox_gateway
+    close_rails()
+    sandbox_gateway.reset(data=True)
 
 
 @pytest.fixture

@@ -122,3 +122,36 @@ def parked_payment(
         execution.mark_started([pair])
     assert execution.execute_batch(pairs=[pair]).parked == {payment.id: "attempts_exhausted"}
     return ScheduledPayment.objects.get(pk=payment.pk)
+
+
+def payee_for(owner, *, destination: str = "acct_bob", name: str = "Bob at the bank"):
+    """A sandbox payee of ``owner``."""
+    from payments.models import Payee
+
+    return Payee.objects.create(owner=owner, name=name, rail="sandbox", destination=destination)
+
+
+def due_payout(*, source: Account, payee, amount: int, seconds_ago: float = 1.0):
+    """A SCHEDULED payout already due, with its "created" event (as due_payment)."""
+    payment = ScheduledPayment.objects.create(
+        payer=source.owner, from_account=source, to_payee=payee, rail=payee.rail, amount=amount,
+        execute_at=timezone.now() - timedelta(seconds=seconds_ago),
+    )
+    PaymentEvent.objects.create(payment=payment, kind="created", to_status="SCHEDULED", actor="test")
+    return payment
+
+
+def claim_payouts(batch: int = 100) -> list[tuple[str, int]]:
+    """The promoter's payouts claim of the sandbox rail, as one tick would make it."""
+    from payments import promoter
+
+    claim = promoter.claim_payouts(rail="sandbox", batch=batch, lease_seconds=60)
+    return claim.fresh + claim.reclaimed
+
+
+def work_payouts(batch: int = 100):
+    """Claim the due payouts and work them here, as the payouts process would (None: none due)."""
+    from payments.payouts import run_payout_batch
+
+    pairs = claim_payouts(batch)
+    return run_payout_batch(pairs, worker="test") if pairs else None

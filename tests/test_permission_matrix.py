@@ -43,10 +43,20 @@ from knox.models import AuthToken
 from ledger.models import ISSUANCE_ACCOUNT_ID, Account, Transfer
 from ledger.services import deposit_request_create
 from payments.management.commands.staff_groups import STAFF_GROUPS
+from payments.models import RailState
 from payments.series import recurring_create
 from tests.api import future
 from tests.conftest import admin_client_for, client_for
-from tests.factories import PASSWORD, AccountFactory, UserFactory, funded_account, future_payment, parked_payment
+from tests.factories import (
+    PASSWORD,
+    AccountFactory,
+    UserFactory,
+    funded_account,
+    future_payment,
+    parked_payment,
+    payee_for,
+)
+from tests.payments.test_admin_payouts import reserved_payout
 from webhooks.endpoints import endpoint_create
 from webhooks.models import Delivery, DeliveryStatus, Event
 
@@ -67,6 +77,9 @@ APPROVE_DEPOSIT = "ledger.approve_deposit"
 VIEW_ENDPOINT = "webhooks.view_endpoint"
 VIEW_DELIVERY = "webhooks.view_delivery"
 RESEND_DELIVERY = "webhooks.resend_delivery"
+VIEW_PAYEE = "payments.view_payee"
+VIEW_RAILSTATE = "payments.view_railstate"
+FORCE_BREAKER = "payments.force_breaker"
 
 
 # --- The declared tables ------------------------------------------------------------------
@@ -163,6 +176,12 @@ API: dict[tuple[str, str], Api] = {
         reach=(VIEW_PAYMENT,), act="payments.redrive_scheduledpayment", target="parked",
         body={"outcome": "failed", **REASON},
     ),
+    ("payee-list", "GET"): Api(listing=Listing(VIEW_PAYEE, "payee", "payee_id")),
+    ("payee-list", "POST"): Api(ok=201, body={"name": "mine", "rail": "sandbox", "destination": "acct_mine"}),
+    ("payee-detail", "GET"): Api(reach=(VIEW_PAYEE,)),
+    # Only its owner deletes a payee: anyone else, staff who may read it included, gets 404
+    # (payments/payees.py, payee_delete).
+    ("payee-detail", "DELETE"): Api(reach=(NOBODY,), ok=204),
     ("recurring-list", "GET"): Api(listing=Listing(VIEW_RECURRING, "recurring", "recurring_id")),
     ("recurring-list", "POST"): Api(ok=201, body=own_recurring),
     ("recurring-detail", "GET"): Api(reach=(VIEW_RECURRING,)),
@@ -221,14 +240,18 @@ ADMIN_ACTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("ledger.DepositRequest", "approve_selected"): (VIEW_DEPOSIT_REQUEST, APPROVE_DEPOSIT),
     ("ledger.DepositRequest", "reject_selected"): (VIEW_DEPOSIT_REQUEST, APPROVE_DEPOSIT),
     ("webhooks.Delivery", "resend_selected"): (VIEW_DELIVERY, RESEND_DELIVERY),
+    # The Rails page's acts: each shows its confirmation page (asking for a reason).
+    ("payments.RailState", "force_open_selected"): (VIEW_RAILSTATE, FORCE_BREAKER),
+    ("payments.RailState", "force_closed_selected"): (VIEW_RAILSTATE, FORCE_BREAKER),
+    ("payments.RailState", "clear_hold_selected"): (VIEW_RAILSTATE, FORCE_BREAKER),
     # Nothing is deleted in the console: the read-only tables offer delete_selected to nobody.
     **{
         (label, "delete_selected"): (NOBODY,)
         for label in (
             "payments.ScheduledPayment", "payments.RecurringPayment", "payments.PaymentEvent",
-            "payments.ExecutionAttempt", "payments.RecurringEvent", "ledger.Account", "ledger.Transfer",
-            "ledger.DepositRequest", "ledger.StaffAction", "webhooks.Endpoint", "webhooks.Event",
-            "webhooks.Delivery",
+            "payments.ExecutionAttempt", "payments.RecurringEvent", "payments.Payee", "payments.Payout",
+            "payments.RailState", "ledger.Account", "ledger.Transfer", "ledger.DepositRequest", "ledger.StaffAction",
+            "ledger.PendingTransfer", "webhooks.Endpoint", "webhooks.Event", "webhooks.Delivery",
         )
     },
     # Users, groups, API tokens and login lockouts: Django's and the packages' own admins,
@@ -283,6 +306,11 @@ ROUTES: dict[str, Admin] = {
         (VIEW_DEPOSIT_REQUEST, APPROVE_DEPOSIT), methods=PAGE, target="deposit_request"
     ),
     "admin:webhooks_delivery_resend": Admin((VIEW_DELIVERY, RESEND_DELIVERY), methods=PAGE, target="delivery"),
+    "admin:payments_railstate_force_open": Admin((VIEW_RAILSTATE, FORCE_BREAKER), methods=PAGE, target="rail_state"),
+    "admin:payments_railstate_force_closed": Admin(
+        (VIEW_RAILSTATE, FORCE_BREAKER), methods=PAGE, target="rail_state"
+    ),
+    "admin:payments_railstate_clear_hold": Admin((VIEW_RAILSTATE, FORCE_BREAKER), methods=PAGE, target="rail_state"),
     "admin:auth_user_password_change": Admin(("auth.view_user", "auth.change_user"), methods=PAGE, target="owner"),
 }
 
@@ -383,7 +411,7 @@ GROUP_ACTS = {
         "payments.pause_recurringpayment",
         RESEND_DELIVERY,
     },
-    "treasury": {"ledger.deposit_account", APPROVE_DEPOSIT},
+    "treasury": {"ledger.deposit_account", APPROVE_DEPOSIT, FORCE_BREAKER},
 }
 
 
@@ -408,18 +436,21 @@ def test_the_staff_groups_hold_what_the_roles_assume(world):
 @dataclass
 class World:
     """Everything here belongs to people who are none of the roles: ``owner`` (and the
-    payee), and a staff member who asked for a large deposit."""
+    recipient), and a staff member who asked for a large deposit."""
 
     owner: object
     account: object  # the owner's, funded by a deposit
     funding: object  # that deposit's transfer
-    target: object  # the payee's account
+    target: object  # the recipient's account
     payment: object  # SCHEDULED, from account to target
     parked: object  # NEEDS_REVIEW, from account to target (attempts and events too)
     recurring: object  # ACTIVE, daily, from account to target
     deposit_request: object  # pending, above the approval threshold, into account
     endpoint: object  # the owner's webhook endpoint
     delivery: object  # a failed delivery of an event about payment to endpoint
+    payee: object  # the owner's payee (sandbox rail)
+    payout: object  # a payout to payee parked in NEEDS_REVIEW with its funds reserved
+    rail_state: object  # the sandbox rail's breaker
     roles: dict  # role -> (its user or None, that user's own account or None)
     caller: object = None  # the role's user (None: anonymous)
     own_account: object = None  # the caller's own account
@@ -439,8 +470,8 @@ def role_user(role: str):
 def build_world() -> World:
     Account.objects.get_or_create(id=ISSUANCE_ACCOUNT_ID, defaults={"name": "Issuance", "kind": Account.Kind.SYSTEM})
     call_command("staff_groups", stdout=io.StringIO())
-    owner, payee, requester = UserFactory(), UserFactory(), UserFactory(is_staff=True)
-    account, target = funded_account(owner=owner, balance=100), funded_account(owner=payee)
+    owner, recipient, requester = UserFactory(), UserFactory(), UserFactory(is_staff=True)
+    account, target = funded_account(owner=owner, balance=100), funded_account(owner=recipient)
     with override_settings(DELAYPAY_MAX_ATTEMPTS=1):
         # Due an hour ago: the claim judges on the database clock, which stands still in
         # the module's transaction.
@@ -460,6 +491,12 @@ def build_world() -> World:
     endpoint = endpoint_create(owner=owner, url="https://hooks.example.com/owner", events=["payment.executed"]).endpoint
     event = Event.objects.create(type="payment.executed", owner=owner, payment_id=parked.pk, version=1, snapshot={})
     delivery = Delivery.objects.create(event=event, endpoint=endpoint, status=DeliveryStatus.FAILED, attempts=1)
+    # The sandbox rail's accounts and state come from a data migration (payments/0014).
+    for role in ("clearing", "settlement"):
+        Account.objects.get_or_create(id=f"acc_sandbox_{role}", defaults={"name": role, "kind": Account.Kind.SYSTEM})
+    rail_state, _ = RailState.objects.get_or_create(rail="sandbox")
+    payee = payee_for(owner)
+    payout = reserved_payout(source=account, payee=payee, amount=3)
     roles = {}
     for role in ROLES:
         user = role_user(role)
@@ -475,6 +512,9 @@ def build_world() -> World:
         deposit_request=deposit_request_create(account_id=account.id, amount=large, actor=requester, reason="big"),
         endpoint=endpoint,
         delivery=delivery,
+        payee=payee,
+        payout=payout,
+        rail_state=rail_state,
         roles=roles,
     )
 
@@ -508,7 +548,7 @@ def as_role(world: World, role: str) -> World:
 
 PATH_TARGETS = {
     "account_id": "account", "payment_id": "payment", "recurring_id": "recurring", "request_id": "deposit_request",
-    "endpoint_id": "endpoint", "delivery_id": "delivery",
+    "endpoint_id": "endpoint", "delivery_id": "delivery", "payee_id": "payee",
 }
 
 

@@ -55,6 +55,20 @@ SELECT 'acc_bench_' || lpad(g::text, 8, '0'), %(owner)s,
   FROM generate_series(1, %(accounts)s) AS g
 """
 
+# The tail of a loading statement: deposit into each payer what its rows (CTE ``need``:
+# account_id, total) need, from the issuance account, as the API's deposits would.
+FUND_PAYERS_SQL = """), deposits AS (
+    INSERT INTO ledger_transfer (key, debit_account_id, credit_account_id, amount, created_at)
+    SELECT 'dep_bench_' || %(first)s || '_' || account_id, %(issuance)s, account_id, total, now() FROM need
+), credited AS (
+    UPDATE ledger_account a SET balance = a.balance + need.total, updated_at = now()
+      FROM need WHERE a.id = need.account_id
+)
+UPDATE ledger_account
+   SET balance = balance - (SELECT coalesce(sum(total), 0) FROM need), updated_at = now()
+ WHERE id = %(issuance)s
+"""
+
 PAYMENTS_SQL = """
 WITH src AS (
     SELECT g, f,
@@ -85,17 +99,7 @@ WITH src AS (
 ), need AS (
     SELECT from_account_id AS account_id, sum(amount) AS total
       FROM ins WHERE amount < %(too_much)s GROUP BY from_account_id
-), deposits AS (
-    INSERT INTO ledger_transfer (key, debit_account_id, credit_account_id, amount, created_at)
-    SELECT 'dep_bench_' || %(first)s || '_' || account_id, %(issuance)s, account_id, total, now() FROM need
-), credited AS (
-    UPDATE ledger_account a SET balance = a.balance + need.total, updated_at = now()
-      FROM need WHERE a.id = need.account_id
-)
-UPDATE ledger_account
-   SET balance = balance - (SELECT coalesce(sum(total), 0) FROM need), updated_at = now()
- WHERE id = %(issuance)s
-"""
+""" + FUND_PAYERS_SQL
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ class PaymentListCreateView(ApiView):
             payment = payment_schedule(
                 payer=request.user,
                 from_account_id=data["from_account"],
-                to_account_id=data["to_account"],
+                to_account_id=data.get("to_account"),
+                to_payee_id=data.get("to_payee"),
                 amount=data["amount"],
                 execute_at=data["execute_at"],
                 jitter_seconds=data.get("jitter_seconds", 0),
@@ -161,7 +162,8 @@ class PaymentDetailView(ApiView):
                 400, *READ, 403, 404, 409, 412,
                 e400="validation_error: If-Match is not entity tags, or a staff cancel without `reason`.",
                 e403="permission_denied: staff without the cancel permission may read but not cancel.",
-                e409="payment_not_cancellable; `status` is the payment's current status.",
+                e409="payment_not_cancellable; `status` is the payment's current status. payout_outcome_unknown: "
+                "a payout whose funds are reserved at its rail, outcome not yet known.",
             ),
         },
     )
@@ -224,7 +226,10 @@ class PaymentResolveView(ApiView):
             "NEEDS_REVIEW -> FAILED with failure_reason `resolved_by_staff`; nothing moves. `outcome` must be "
             "`failed`. A compare-and-set on NEEDS_REVIEW, recorded as a `failed` event with your user and "
             "`reason`. Repeating it answers 200 with the payment unchanged, so no Idempotency-Key is needed. "
-            "409 payment_not_in_review for a payment that is not (and was not) in review."
+            "409 payment_not_in_review for a payment that is not (and was not) in review. A payout whose "
+            "funds are reserved is looked up at its rail first: nothing there, its funds are voided back to "
+            "the payer; paid there, 409 payout_paid_at_rail (re-drive it instead); no answer, 503 "
+            "rail_unavailable."
         ),
         request=s.PaymentResolveSerializer,
         parameters=[IF_MATCH, ETAG, WWW_AUTHENTICATE],

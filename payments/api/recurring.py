@@ -112,7 +112,8 @@ class RecurringListCreateView(ApiView):
             rec = recurring_create(
                 payer=request.user,
                 from_account_id=data["from_account"],
-                to_account_id=data["to_account"],
+                to_account_id=data.get("to_account"),
+                to_payee_id=data.get("to_payee"),
                 amount=data["amount"],
                 start_at=data["start_at"],
                 interval=data.get("interval", ""),

@@ -1,6 +1,8 @@
 """Request parsing and response rendering. No business rules here: those are in the
 services; these only say what shape a request must have."""
 
+import re
+
 from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -9,7 +11,11 @@ from ledger.models import Account, DepositRequest, Transfer
 from ledger.services import MAX_REASON as MAX_STAFF_REASON
 from payments.models import (
     ExecutionAttempt,
+    Payee,
     PaymentStatus,
+    Payout,
+    PayoutState,
+    Rail,
     RecurringPayment,
     RecurringStatus,
     ReviewReason,
@@ -21,6 +27,8 @@ from payments.services import MAX_JITTER_SECONDS, MAX_REVIEW_REASON
 from .fields import StrictCharField, StrictDateTimeField, StrictDurationField, StrictIntegerField, format_utc
 from .pagination import MAX_CURSOR_LENGTH, MAX_LIMIT
 from .schema import page_of
+
+DESTINATION_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 class StrictSerializer(serializers.Serializer):
@@ -201,7 +209,15 @@ def execute_at_field(**kwargs):
 
 class PaymentCreateSerializer(StrictSerializer):
     from_account = StrictCharField(max_length=40, help_text="An active account you own.")
-    to_account = StrictCharField(max_length=40, help_text="Any account that is not closed.")
+    to_account = StrictCharField(
+        required=False, max_length=40,
+        help_text="Any account that is not closed: an internal transfer. Give exactly one of to_account and to_payee.",
+    )
+    to_payee = StrictCharField(
+        required=False, max_length=40,
+        help_text="One of your payees (`pye_...`): a payout through the payee's rail. Its funds are reserved when "
+        "it runs and leave the ledger once the rail has paid it.",
+    )
     amount = amount_field(help_text="Whole units, a JSON integer. Funds are checked at execution time, not now.")
     execute_at = execute_at_field()
     jitter_seconds = StrictIntegerField(
@@ -252,6 +268,44 @@ class PaymentResolveSerializer(StrictSerializer):
     reason = review_reason_field()
 
 
+class PayoutSerializer(serializers.ModelSerializer):
+    state = serializers.ChoiceField(
+        choices=PayoutState.choices,
+        help_text="pending: funds reserved, the rail's answer not known yet; paid; declined (money back); voided "
+        "(staff resolved it once the rail confirmed it holds no payout).",
+    )
+    reference = serializers.CharField(help_text="The rail's payout id once paid; empty before.")
+    paid_at = StrictDateTimeField(allow_null=True, help_text="When the rail paid it (its settlement day).")
+
+    class Meta:
+        model = Payout
+        fields = ["rail", "destination", "state", "reference", "paid_at", "decline_code", "submissions", "lookups"]
+        read_only_fields = fields
+
+
+class PayeeCreateSerializer(StrictSerializer):
+    name = StrictCharField(max_length=100)
+    rail = serializers.ChoiceField(choices=Rail.choices, help_text="The rail that pays this payee.")
+    destination = StrictCharField(
+        max_length=64, help_text="The payee's account at the rail: 1-64 of A-Z a-z 0-9 _ . : -",
+    )
+
+    def validate_destination(self, value: str) -> str:
+        if not DESTINATION_RE.fullmatch(value):
+            raise serializers.ValidationError("1-64 characters of A-Z a-z 0-9 _ . : -")
+        return value
+
+
+class PayeeSerializer(serializers.ModelSerializer):
+    payee_id = serializers.CharField(source="id")
+    created_at = StrictDateTimeField()
+
+    class Meta:
+        model = Payee
+        fields = ["payee_id", "name", "rail", "destination", "created_at"]
+        read_only_fields = fields
+
+
 class AttemptSerializer(serializers.ModelSerializer):
     started_at = StrictDateTimeField()
     finished_at = StrictDateTimeField()
@@ -265,7 +319,9 @@ class AttemptSerializer(serializers.ModelSerializer):
 class PaymentSerializer(serializers.ModelSerializer):
     payment_id = serializers.CharField(source="id")
     from_account = serializers.CharField(source="from_account_id")
-    to_account = serializers.CharField(source="to_account_id")
+    to_account = serializers.CharField(source="to_account_id", allow_null=True, help_text="null for a payout.")
+    to_payee = serializers.CharField(source="to_payee_id", allow_null=True, help_text="A payout's payee; else null.")
+    payout = serializers.SerializerMethodField()
     execute_at = StrictDateTimeField(help_text="When the payment is due: requested_execute_at plus the jitter drawn.")
     requested_execute_at = serializers.SerializerMethodField()
     jitter_seconds = serializers.IntegerField()
@@ -295,6 +351,8 @@ class PaymentSerializer(serializers.ModelSerializer):
             "amount",
             "from_account",
             "to_account",
+            "to_payee",
+            "payout",
             "execute_at",
             "requested_execute_at",
             "jitter_seconds",
@@ -315,6 +373,14 @@ class PaymentSerializer(serializers.ModelSerializer):
 
     def get_failure_reason(self, obj) -> str | None:
         return obj.failure_reason or None
+
+    @extend_schema_field(PayoutSerializer(allow_null=True, help_text="A payout's record at its rail once its funds "
+                                          "were reserved; null for internal payments and payouts not yet run."))
+    def get_payout(self, obj) -> dict | None:
+        if obj.to_payee_id is None:
+            return None
+        payout = Payout.objects.filter(pk=obj.pk).first()
+        return PayoutSerializer(payout).data if payout else None
 
     @extend_schema_field(
         StrictDateTimeField(
@@ -374,7 +440,11 @@ def end_at_field(**kwargs):
 
 class RecurringCreateSerializer(StrictSerializer):
     from_account = StrictCharField(max_length=40, help_text="An active account you own.")
-    to_account = StrictCharField(max_length=40, help_text="Any account that is not closed.")
+    to_account = StrictCharField(
+        required=False, max_length=40, help_text="Any account that is not closed. Give exactly one of to_account "
+        "and to_payee.",
+    )
+    to_payee = StrictCharField(required=False, max_length=40, help_text="One of your payees: a series of payouts.")
     amount = amount_field(help_text="Whole units per occurrence, a JSON integer.")
     start_at = StrictDateTimeField(
         help_text="The series' first instant (RFC 3339); at most "
@@ -428,7 +498,8 @@ class OccurrenceSerializer(serializers.ModelSerializer):
 class RecurringPaymentSerializer(serializers.ModelSerializer):
     recurring_id = serializers.CharField(source="id")
     from_account = serializers.CharField(source="from_account_id")
-    to_account = serializers.CharField(source="to_account_id")
+    to_account = serializers.CharField(source="to_account_id", allow_null=True, help_text="null for payouts.")
+    to_payee = serializers.CharField(source="to_payee_id", allow_null=True, help_text="The payee of a payout series.")
     start_at = StrictDateTimeField()
     interval = serializers.SerializerMethodField()
     cron = serializers.SerializerMethodField()
@@ -452,6 +523,7 @@ class RecurringPaymentSerializer(serializers.ModelSerializer):
             "amount",
             "from_account",
             "to_account",
+            "to_payee",
             "start_at",
             "interval",
             "cron",

@@ -1,7 +1,7 @@
 from django.urls import path, register_converter
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from . import accounts, auth, deposits, payments, recurring, webhooks
+from . import accounts, auth, deposits, payees, payments, recurring, webhooks
 
 
 class PublicIdConverter:
@@ -51,6 +51,8 @@ urlpatterns = [
         deposits.DepositRequestRejectView.as_view(),
         name="deposit-request-reject",
     ),
+    path("payees", payees.PayeeListCreateView.as_view(), name="payee-list"),
+    path("payees/<public_id:payee_id>", payees.PayeeDetailView.as_view(), name="payee-detail"),
     path("payments", payments.PaymentListCreateView.as_view(), name="payment-list"),
     path("payments/<public_id:payment_id>", payments.PaymentDetailView.as_view(), name="payment-detail"),
     path(

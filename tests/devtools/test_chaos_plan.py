@@ -5,7 +5,15 @@ import socket
 
 import pytest
 
-from devtools.chaos import MINIMUM_FAULTS, OUTAGE_KINDS, WEBHOOK_FAULTS, Options, fault_plan, plan_digest
+from devtools.chaos import (
+    MINIMUM_FAULTS,
+    OUTAGE_KINDS,
+    PAYOUT_FAULTS,
+    WEBHOOK_FAULTS,
+    Options,
+    fault_plan,
+    plan_digest,
+)
 from devtools.sandbox import pick_port
 
 
@@ -18,16 +26,24 @@ def test_a_seed_replays_the_same_fault_schedule():
 def test_every_plan_has_every_fault_and_no_overlapping_outage_of_one_service(seed):
     options = Options(seed=seed, faults=20, window=30)
     plan = fault_plan(options)
-    assert len(plan) == 20 + sum(WEBHOOK_FAULTS.values())
-    for kind, minimum in MINIMUM_FAULTS.items():
+    assert len(plan) == 20 + sum(WEBHOOK_FAULTS.values()) + sum(PAYOUT_FAULTS.values())
+    for kind, minimum in {**MINIMUM_FAULTS, **WEBHOOK_FAULTS, **PAYOUT_FAULTS}.items():
         assert sum(f.kind == kind for f in plan) >= minimum, kind
     for kinds in OUTAGE_KINDS.values():  # a long broker outage and a Redis restart are one service
         outages = sorted((f.at, f.at + f.duration) for f in plan if f.kind in kinds)
         assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(outages))
     (long_outage,) = (f for f in plan if f.kind == "long_broker_outage")
     assert long_outage.duration == options.broker_outage_seconds
+    (gateway_down,) = (f for f in plan if f.kind == "gateway_down")
+    assert gateway_down.duration == options.gateway_outage_seconds  # "a minute down"
     pause = next(f for f in plan if f.kind == "pause_worker")
     assert pause.duration > 2 * options.lease_seconds  # the zombie outlives its lease
+
+
+def test_without_payouts_or_webhooks_the_core_plan_is_the_same():
+    core = [f for f in fault_plan(Options(seed=7)) if f.kind in MINIMUM_FAULTS or f.kind in ("kill_child",)]
+    alone = fault_plan(Options(seed=7, payouts=0, webhooks=False))
+    assert core == alone
 
 
 def test_too_few_faults_to_cover_every_kind_is_refused():

@@ -4,7 +4,7 @@ import pytest
 from django.core.management import call_command
 
 from ledger.models import DepositRequest
-from payments.models import ScheduledPayment
+from payments.models import Payee, ScheduledPayment
 from webhooks.models import Endpoint
 
 pytestmark = pytest.mark.django_db
@@ -21,4 +21,6 @@ def test_demo_twice_sets_up_once_and_schedules_each_time(settings, staff_groups,
     request = DepositRequest.objects.get()  # four eyes: one request waits for approval
     assert request.status == "pending" and request.requested_by.username == "treasurer"
     assert request.requested_by.groups.filter(name="treasury").exists()
-    assert ScheduledPayment.objects.count() == 14  # seven a run: five due, one underfunded, one cancelled
+    # nine a run: five due, one underfunded, one cancelled, and two payouts (one to a declining payee)
+    assert ScheduledPayment.objects.count() == 18
+    assert Payee.objects.count() == 2  # the payees are made once

@@ -12,7 +12,7 @@ import yaml
 from django.conf import settings
 
 from payments import metrics
-from payments.models import Heartbeat
+from payments.models import Heartbeat, RailState
 from payments.services import heartbeat_record
 
 from .scrape import scrape
@@ -68,6 +68,8 @@ def exported(db) -> dict[str, set[str]]:
     for outcome in ("executed", "already_applied", "stale", "error"):
         metrics.executed_total.labels(outcome, "").inc(0)
     metrics.executed_total.labels("failed", "insufficient_funds").inc(0)
+    RailState.objects.get_or_create(rail="sandbox")  # the rails' gauges come from their rows
+    metrics.settlement_mismatches.labels(rail="sandbox", kind="amount_mismatch").set(0)  # a settlement run
     scrape()  # the first request creates the per-view request metrics
     names: dict[str, set[str]] = {}
     for key in scrape():
@@ -101,7 +103,8 @@ def test_alert_rules_reference_exported_metrics(exported):
     check_expressions([rule["expr"] for rule in rules], exported)
     wanted = {"DelaypayDuePaymentsLate", "DelaypayPromoterNotTicking", "DelaypayLeasesExpiring",
               "DelaypayFailureRateSpike", "DelaypayReconcileViolation", "DelaypayDegradedMode",
-              "DelaypayPaymentsNeedReview", "DelaypayRecurringGenerationFailing", "DelaypayWebhooksBehind"}
+              "DelaypayPaymentsNeedReview", "DelaypayRecurringGenerationFailing", "DelaypayWebhooksBehind",
+              "DelaypayRailBreakerOpen", "DelaypayPayoutsOutcomeUnknown", "DelaypaySettlementMismatch"}
     assert wanted <= {rule["alert"] for rule in rules}
 
 

@@ -35,6 +35,8 @@ LOAD_CHECKS = {
     "worker": "help",  # celery -A delaypay ... --help imports the app
     "promoter": "help",
     "webhooks": "help",
+    "payouts": "help",
+    "gateway": "help",  # python -m rails.sandbox --help: the stdlib alone
     "beat": "help",
     "metrics": "help",  # manage.py serve_metrics --help imports Django and the command
     "flower": "help",

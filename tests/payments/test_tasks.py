@@ -17,7 +17,7 @@ def test_execute_batch_task_answers_what_happened():
     paid, unpaid = due_payment(source=a, target=b, amount=10), due_payment(source=a, target=b, amount=10)
     pairs = claimed(paid, unpaid)
     assert tasks.execute_batch([list(p) for p in pairs] + [[paid.id, 99]]) == {
-        "executed": 1, "already_applied": 0, "failed": 1, "stale": 1,
+        "executed": 1, "already_applied": 0, "failed": 1, "unknown": 0, "stale": 1,
     }
 
 

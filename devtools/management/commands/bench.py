@@ -21,7 +21,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("scenario", choices=[*SCENARIOS, "all"])
+        parser.add_argument("scenario", choices=[*SCENARIOS, "payouts", "all"])
         parser.add_argument("--payments", type=int, help="payments to load (burst/hot-sender 100000; steady "
                             "rate x duration; backlog: the large backlog, 2000000; memory: the large level, 1000000)")
         parser.add_argument("--accounts", type=int, default=10_000, help="accounts (default 10000)")
@@ -54,8 +54,17 @@ class Command(BaseCommand):
                                  "subscribed to every event, the webhooks process and a loopback receiver; report "
                                  "payments/s with and without, the delivery rate and the backlog drain time")
         parser.add_argument("--keep", action="store_true", help="keep the scratch databases (for inspection)")
+        parser.add_argument("--internal", type=int, default=20_000,
+                            help="payouts: internal payments due with the payouts (20000)")
+        parser.add_argument("--rail-rate", type=float, default=1000.0,
+                            help="payouts: DELAYPAY_RAIL_RATE_LIMIT, payouts per second (1000)")
+        parser.add_argument("--rail-latency-ms", type=int, default=20, help="payouts: the gateway's latency (20)")
+        parser.add_argument("--payout-concurrency", type=int, default=2,
+                            help="payouts: prefork children of the payouts process (2)")
 
     def handle(self, *args, **opts):
+        if opts["scenario"] == "payouts":
+            return self._payouts(opts)
         scenarios = list(SCENARIOS) if opts["scenario"] == "all" else [opts["scenario"]]
         if not 0 <= opts["jitter"] <= 3600:
             raise CommandError("--jitter must be between 0 and 3600 seconds, like jitter_seconds")
@@ -119,6 +128,33 @@ class Command(BaseCommand):
             opts["json"].write_text(json.dumps(body, indent=2, default=str) + "\n")
             self.stdout.write(f"JSON written to {opts['json']}")
         if not all(run.get("correct") for run in runs.values()):
+            raise CommandError("the correctness check failed (see 'correct' above)")
+
+    def _payouts(self, opts: dict) -> None:
+        """``bench payouts``: devtools/bench/payouts.py."""
+        from devtools.bench import payouts
+
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        log_root = opts["out"] / f"payouts-{stamp}"
+        log_root.mkdir(parents=True, exist_ok=True)
+        say = lambda line: self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {line}")  # noqa: E731
+        options = payouts.PayoutOptions(
+            payouts=opts["payments"] or 20_000, internal=opts["internal"], accounts=opts["accounts"],
+            rate=opts["rail_rate"], latency_ms=opts["rail_latency_ms"], workers=opts["workers"],
+            concurrency=opts["concurrency"], payout_concurrency=opts["payout_concurrency"],
+            timeout=opts["timeout"], keep=opts["keep"],
+        )
+        with PrivateRedis(port=pick_port(56380), directory=log_root) as private_redis:
+            use_broker(private_redis.url)
+            result = payouts.run(options, redis_url=private_redis.url, log_dir=log_root, run_id=stamp.replace("-", ""),
+                                 say=say)
+        self.stdout.write(payouts.summary(result))
+        result = {**result, "machine": machine(), "started_at": stamp}
+        if opts["json"]:
+            opts["json"].parent.mkdir(parents=True, exist_ok=True)
+            opts["json"].write_text(json.dumps(result, indent=2, default=str) + "\n")
+            self.stdout.write(f"JSON written to {opts['json']}")
+        if not result["correct"]:
             raise CommandError("the correctness check failed (see 'correct' above)")
 
     def _preflight(self, opts: dict) -> None:

@@ -56,6 +56,12 @@ class Command(BaseCommand):
         parser.add_argument("--webhook-drain-timeout", type=float, default=d.webhook_drain_timeout,
                             help=f"seconds after convergence for every event to be delivered "
                                  f"({d.webhook_drain_timeout:g})")
+        parser.add_argument("--payouts", type=float, default=d.payouts,
+                            help=f"share of the payments that are payouts through the sandbox gateway, with its "
+                            f"faults and checks; 0: no gateway ({d.payouts:g})")
+        parser.add_argument("--gateway-outage-seconds", type=float, default=d.gateway_outage_seconds,
+                            help="seconds the gateway_down fault keeps the gateway stopped "
+                            f"({d.gateway_outage_seconds:g})")
         parser.add_argument("--pg-port", type=int, default=d.pg_port,
                             help=f"port of the private PostgreSQL, or the next free one ({d.pg_port})")
         parser.add_argument("--redis-port", type=int, default=d.redis_port,
@@ -75,6 +81,7 @@ class Command(BaseCommand):
             converge_timeout=o["converge_timeout"], webhooks=not o["no_webhooks"],
             webhook_fail_first=o["webhook_fail_first"], webhook_fail_share=o["webhook_fail_share"],
             webhook_drain_timeout=o["webhook_drain_timeout"],
+            payouts=o["payouts"], gateway_outage_seconds=o["gateway_outage_seconds"],
             pg_port=o["pg_port"],
             redis_port=o["redis_port"], cluster=o["cluster"], log_dir=Path(o["log_dir"]), keep=o["keep"],
         )

@@ -12,6 +12,8 @@ from django.utils import timezone
 from common.ids import new_id
 from ledger.models import Account, DepositRequest
 from ledger.services import account_create, deposit_request_create, ledger_deposit
+from payments.models import Payee
+from payments.payees import payee_create
 from payments.services import payment_cancel, payment_schedule
 
 
@@ -89,10 +91,24 @@ class Command(BaseCommand):
             amount=999, execute_at=now + timedelta(seconds=20),
         )
         payment_cancel(payment_id=doomed.id, actor=alice)
+        # Payouts through the sandbox gateway (the `gateway` process): one paid, one to a
+        # destination the gateway always declines (its money comes back to alice).
+        carol = Payee.objects.filter(owner=alice, destination="acct_carol").first() or payee_create(
+            owner=alice, name="Carol at her bank", rail="sandbox", destination="acct_carol"
+        )
+        closed = Payee.objects.filter(owner=alice, destination="decline-closed").first() or payee_create(
+            owner=alice, name="A closed bank account", rail="sandbox", destination="decline-closed"
+        )
+        payouts = [
+            payment_schedule(payer=alice, from_account_id=alice_acc.id, to_payee_id=payee.id, amount=amount,
+                             execute_at=now + timedelta(seconds=seconds))
+            for payee, amount, seconds in ((carol, 300, 8), (closed, 120, 16))
+        ]
 
         self.stdout.write(self.style.SUCCESS(
             f"demo: {len(scheduled)} payments alice -> bob due in 5..25 s, {too_big.id} underfunded"
-            f" (will fail), {doomed.id} cancelled"
+            f" (will fail), {doomed.id} cancelled; payouts through the sandbox gateway: {payouts[0].id} to"
+            f" {carol.id} (paid), {payouts[1].id} to {closed.id} (declined: the money comes back)"
         ))
         self.stdout.write(
             "users alice, bob, admin (superuser), treasurer and approver (treasury staff: a 50,000 deposit"

@@ -14,10 +14,14 @@ VIEW = [
     "payments.view_paymentevent",
     "payments.view_recurringpayment",
     "payments.view_recurringevent",
+    "payments.view_payee",
+    "payments.view_payout",
+    "payments.view_railstate",
     "ledger.view_account",
     "ledger.view_transfer",
     "ledger.view_depositrequest",
     "ledger.view_staffaction",
+    "ledger.view_pendingtransfer",
     "webhooks.view_endpoint",
     "webhooks.view_event",
     "webhooks.view_delivery",
@@ -39,11 +43,13 @@ STAFF_GROUPS: dict[str, list[str]] = {
     "auditor": VIEW,
     # Reads everything; deposits up to DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD at once, requests
     # larger deposits, and approves or rejects other members' requests (four eyes: the
-    # services refuse a decision on one's own request, so two members are needed).
+    # services refuse a decision on one's own request, so two members are needed). Holds a
+    # rail's circuit breaker open or closed, or clears the hold (the Rails page).
     "treasury": [
         *VIEW,
         "ledger.deposit_account",
         "ledger.approve_deposit",
+        "payments.force_breaker",
     ],
 }
 
@@ -70,7 +76,7 @@ def staff_groups_sync() -> dict[str, int]:
 class Command(BaseCommand):
     help = (
         'Create or update the "support" (view, cancel, re-drive, pause, resend webhooks), "auditor" (view only) and'
-        ' "treasury" (view, deposit, approve deposits) staff groups.'
+        ' "treasury" (view, deposit, approve deposits, force a rail\'s circuit breaker) staff groups.'
     )
 
     def handle(self, *args, **options):

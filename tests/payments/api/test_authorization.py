@@ -16,6 +16,7 @@ from django.contrib.auth.models import Permission
 
 from payments.api import urls as api_urls
 from payments.models import PaymentStatus, RecurringPayment, RecurringStatus, ScheduledPayment
+from payments.payees import payee_create
 from tests.api import assert_error, future, patch, post
 from tests.conftest import client_for
 from tests.factories import PASSWORD, UserFactory, funded_account
@@ -36,6 +37,7 @@ class World:
     recurring: object  # R, a daily recurring payment from A by the owner
     endpoint: object  # E, the owner's webhook endpoint
     delivery: object  # D, a failed delivery to E
+    payee: object  # Y, the owner's payee
 
     def client(self, role):
         return client_for(self.users[role])
@@ -59,6 +61,7 @@ def world():
     return World(
         endpoint=endpoint,
         delivery=Delivery.objects.create(event=event, endpoint=endpoint, status=DeliveryStatus.FAILED),
+        payee=payee_create(owner=owner, name="Bob", rail="sandbox", destination="acct_bob"),
         users={"anonymous": None, "other": other, "owner": owner, "staff": staff},
         account=account,
         target=target,
@@ -94,6 +97,11 @@ def _request(world: World, role: str, endpoint: str):
                                                            {"reason": "r"}),
         "GET /accounts/{id}/payments": lambda: client.get(f"/api/v1/accounts/{a}/payments"),
         "GET /accounts/{id}/transfers": lambda: client.get(f"/api/v1/accounts/{a}/transfers"),
+        "GET /payees": lambda: client.get("/api/v1/payees"),
+        "POST /payees": lambda: post(client, "/api/v1/payees", {"name": "n", "rail": "sandbox", "destination": "x"},
+                                     key="y"),
+        "GET /payees/{id}": lambda: client.get(f"/api/v1/payees/{world.payee.id}"),
+        "DELETE /payees/{id}": lambda: client.delete(f"/api/v1/payees/{world.payee.id}"),
         "GET /payments": lambda: client.get("/api/v1/payments"),
         "POST /payments": lambda: post(client, "/api/v1/payments", payment, key="p"),
         "GET /payments/{id}": lambda: client.get(f"/api/v1/payments/{p}"),
@@ -142,6 +150,10 @@ MATRIX = {
     "POST /deposit-requests/{id}/reject":  (401, 403,   403,   403),  # staff: ledger.approve_deposit
     "GET /accounts/{id}/payments":    (401,      404,   200,   404),  # staff: ledger.view_account
     "GET /accounts/{id}/transfers":   (401,      404,   200,   404),  # staff: ledger.view_account
+    "GET /payees":                    (401,      200,   200,   200),
+    "POST /payees":                   (401,      201,   201,   201),
+    "GET /payees/{id}":               (401,      404,   200,   404),  # staff: payments.view_payee
+    "DELETE /payees/{id}":            (401,      404,   204,   404),  # the owner's alone
     "GET /payments":                  (401,      200,   200,   200),
     "POST /payments":                 (401,      400,   201,   400),  # 400: from_account is not theirs
     "GET /payments/{id}":             (401,      404,   200,   404),  # staff: payments.view_scheduledpayment

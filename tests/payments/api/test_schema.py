@@ -78,6 +78,7 @@ def test_idempotent_creates_require_the_idempotency_key_header(schema):
     }
     assert keyed == {
         ("/api/v1/payments", "post"),
+        ("/api/v1/payees", "post"),
         ("/api/v1/accounts/{account_id}/deposits", "post"),
         ("/api/v1/recurring-payments", "post"),
         ("/api/v1/webhook-endpoints", "post"),

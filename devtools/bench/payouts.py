@@ -1,0 +1,254 @@
+"""The payouts burst (``bench payouts``): payouts through the sandbox gateway at a paced
+rate, and what they do to internal transfers due at the same instant.
+
+Two drains, each in a fresh database with the real processes (worker, promoter, beat,
+and for the second the Procfile's ``payouts`` and ``gateway``): first the internal
+payments alone (the baseline), then the same internal payments plus the payouts, all
+due at one instant, the gateway answering each call after ``--rail-latency-ms`` and the
+rail paced at ``--rail-rate`` payouts a second. Figures:
+
+* payouts/s: executed payouts over the span from the first to the last one the rail
+  paid, against the configured limit (target: at least 90 % of it);
+* internal transfers: their drain rate and lateness in the mixed burst against the
+  baseline (target: not slowed, i.e. within the run-to-run noise);
+* correctness: every payout EXECUTED with exactly one payout at the gateway (none for
+  the planted declines), no reserve left pending, the reconciliation clean.
+"""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.db import connection, transaction
+
+from devtools.gateway import SandboxGateway
+from devtools.processes import Stack
+from ledger.models import ISSUANCE_ACCOUNT_ID
+from payments.reconciliation import reconcile
+
+from . import loader
+from .measure import sleep_until
+from .scratch import fresh_database, scratch_name
+from .stats import per_second, summarize
+
+DECLINE_EVERY = 100  # every 100th payout goes to a payee the gateway always declines
+
+PAYOUTS_SQL = """
+WITH src AS (
+    SELECT g, 1 + floor(random() * %(accounts)s)::int AS f, 1 + floor(random() * %(max_amount)s)::bigint AS amount
+      FROM generate_series(%(first)s, %(last)s) AS g
+), ins AS (
+    INSERT INTO payments_scheduledpayment
+           (id, payer_id, from_account_id, to_payee_id, rail, amount, execute_at, requested_execute_at,
+            jitter_seconds, status, failure_reason, attempt, version, created_at, updated_at)
+    SELECT 'pay_bench_' || lpad(g::text, 10, '0'), %(payer)s, 'acc_bench_' || lpad(f::text, 8, '0'),
+           CASE WHEN g %% %(decline_every)s = 0 THEN %(decline_payee)s ELSE %(payee)s END, 'sandbox',
+           amount, %(due_at)s, %(due_at)s, 0, 'SCHEDULED', '', 0, 1, now(), now()
+      FROM src
+ RETURNING id, from_account_id, amount, execute_at
+), created AS (
+    INSERT INTO payments_paymentevent
+           (payment_id, kind, from_status, to_status, attempt, actor, actor_user_id, data, created_at)
+    SELECT id, 'created', '', 'SCHEDULED', 0, %(actor)s, %(payer)s,
+           jsonb_build_object('amount', amount, 'execute_at', execute_at), now()
+      FROM ins
+), need AS (
+    SELECT from_account_id AS account_id, sum(amount) AS total FROM ins GROUP BY from_account_id
+""" + loader.FUND_PAYERS_SQL
+
+# Finished payments of the burst by kind: due, finished (executed_at or the failure's
+# updated_at), status.
+FINISHED_SQL = """
+SELECT rail <> '' AS payout, extract(epoch FROM execute_at)::float8,
+       extract(epoch FROM coalesce(executed_at, updated_at))::float8, status
+  FROM payments_scheduledpayment WHERE status IN ('EXECUTED', 'FAILED')
+"""
+
+UNFINISHED_SQL = """
+SELECT count(*) FILTER (WHERE rail = ''), count(*) FILTER (WHERE rail <> '')
+  FROM payments_scheduledpayment WHERE status IN ('SCHEDULED', 'EXECUTING', 'NEEDS_REVIEW')
+"""
+
+
+@dataclass
+class PayoutOptions:
+    payouts: int = 20_000
+    internal: int = 20_000
+    accounts: int = 10_000
+    rate: float = 1000.0  # DELAYPAY_RAIL_RATE_LIMIT
+    latency_ms: int = 20  # the gateway's answer time
+    workers: int = 1
+    concurrency: int = 4
+    payout_concurrency: int = 2  # prefork children of the payouts process
+    rail_threads: int = 32  # DELAYPAY_RAIL_CONCURRENCY
+    lead: float = 15.0
+    timeout: float = 600.0
+    keep: bool = False
+
+
+def load_payouts(*, payouts: int, accounts: int, due_at, first: int) -> None:
+    """``payouts`` SCHEDULED payouts numbered from ``first``, to one payee of the bench
+    user (every DECLINE_EVERY-th to a payee the gateway declines), funded by deposits."""
+    from payments.models import Payee
+
+    payer = loader.bench_user()
+    payee = Payee.objects.create(owner=payer, name="bench payee", rail="sandbox", destination="acct_bench")
+    decline = Payee.objects.create(owner=payer, name="bench decline", rail="sandbox", destination="decline-bench")
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT setseed(0.24)")
+        cur.execute(PAYOUTS_SQL, {
+            "accounts": accounts, "max_amount": loader.MAX_AMOUNT, "first": first, "last": first + payouts - 1,
+            "payer": payer.pk, "payee": payee.id, "decline_payee": decline.id, "decline_every": DECLINE_EVERY,
+            "due_at": due_at, "actor": f"user:{payer.pk}", "issuance": ISSUANCE_ACCOUNT_ID,
+        })
+
+
+def unfinished() -> tuple[int, int]:
+    with connection.cursor() as cur:
+        cur.execute(UNFINISHED_SQL)
+        return cur.fetchone()
+
+
+def kind_figures(rows: list[tuple[float, float, str]], *, due: float) -> dict:
+    """Drain, rate and lateness of one kind of payment."""
+    if not rows:
+        return {"payments": 0}
+    finished = sorted(f for _, f, _ in rows)
+    first, last = finished[0], finished[-1]
+    return {
+        "payments": len(rows),
+        "executed": sum(1 for *_, s in rows if s == "EXECUTED"),
+        "failed": sum(1 for *_, s in rows if s == "FAILED"),
+        "drain_s": round(last - due, 3),
+        "payments_per_s": round(len(rows) / (last - due), 1) if last > due else None,
+        # From the first to the last finish: the paced rate, without the wait for the first tick.
+        "paced_per_s": round((len(rows) - 1) / (last - first), 1) if last > first else None,
+        "execution_lateness_s": summarize([f - d for d, f, _ in rows]),
+        "series": {"finished_per_s": per_second(finished, start=due, end=last)},
+    }
+
+
+def gateway_check(gateway: SandboxGateway) -> dict:
+    """Every EXECUTED payout has exactly one payout at the gateway, every FAILED one none."""
+    paid: dict[str, int] = {}
+    for row in gateway.all_payouts():
+        if row["status"] == "paid":
+            paid[row["idempotency_key"]] = paid.get(row["idempotency_key"], 0) + 1
+    with connection.cursor() as cur:
+        cur.execute("SELECT id, status FROM payments_scheduledpayment WHERE rail <> ''")
+        statuses = dict(cur.fetchall())
+        cur.execute("SELECT count(*) FROM ledger_pendingtransfer WHERE state = 'pending'")
+        (pending,) = cur.fetchone()
+    wrong = sum(1 for pid, st in statuses.items() if paid.get(pid, 0) != (1 if st == "EXECUTED" else 0))
+    return {"gateway_paid": sum(paid.values()), "keys_paid_twice": sum(1 for n in paid.values() if n > 1),
+            "wrong": wrong, "pending_reserves": pending}
+
+
+def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, with_payouts: bool, say) -> dict:
+    from .scenarios import child_env, due_instant, flush_private_redis, wait_ready
+
+    name = "payouts-mixed" if with_payouts else "payouts-baseline"
+    out: dict = {}
+    with fresh_database(scratch_name(run_id, name), keep=opts.keep):
+        loader.load_accounts(accounts=opts.accounts)
+        flush_private_redis(redis_url)
+        gateway = SandboxGateway(db_path=log_dir / name / "gateway.db") if with_payouts else None
+        env = child_env(redis_url, DELAYPAY_RAIL_RATE_LIMIT=str(opts.rate),
+                        DELAYPAY_RAIL_CONCURRENCY=str(opts.rail_threads),
+                        **({"DELAYPAY_RAIL_SANDBOX_URL": gateway.url} if gateway else {}))
+        stack = Stack(log_dir / name, env=env)
+        try:
+            stack.start_all(workers=opts.workers, concurrency=opts.concurrency)
+            if gateway is not None:
+                stack.start_gateway(gateway.port)
+                stack.start_payouts(concurrency=opts.payout_concurrency)
+            wait_ready(stack, [n for n in stack.procs if n != "gateway"])
+            if gateway is not None:
+                for _ in range(100):
+                    try:
+                        gateway.faults(latency_ms=opts.latency_ms)
+                        break
+                    except Exception:
+                        time.sleep(0.1)
+            due_at = due_instant(opts.lead)
+            loader.load_payments(payments=opts.internal, accounts=opts.accounts, due_at=due_at)
+            if with_payouts:
+                load_payouts(payouts=opts.payouts, accounts=opts.accounts, due_at=due_at, first=opts.internal + 1)
+            loader.analyze()
+            say(f"  {name}: {opts.internal:,} internal" + (f" + {opts.payouts:,} payouts" if with_payouts else "")
+                + f" due at {due_at:%H:%M:%S}")
+            sleep_until(due_at)
+            started = time.monotonic()
+            while time.monotonic() - started < opts.timeout:
+                internal_left, payouts_left = unfinished()
+                if internal_left == 0 and payouts_left == 0:
+                    break
+                time.sleep(0.5)
+            out["drain_observed_s"] = round(time.monotonic() - started, 1)
+            with connection.cursor() as cur:
+                cur.execute(FINISHED_SQL)
+                rows = cur.fetchall()
+            due = due_at.timestamp()
+            out["internal"] = kind_figures([(d, f, s) for p, d, f, s in rows if not p], due=due)
+            if with_payouts:
+                out["payouts"] = kind_figures([(d, f, s) for p, d, f, s in rows if p], due=due)
+                out["gateway"] = gateway_check(gateway)
+            report = reconcile(stuck_after_seconds=600, overdue_after_seconds=600)
+            out["reconcile_violations"] = report.violations
+        finally:
+            stack.stop()
+            if gateway is not None:
+                gateway.close()
+    return out
+
+
+def run(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, say) -> dict:
+    """Baseline, then the mixed burst; the figures side by side."""
+    say(f"payouts: {opts.payouts:,} payouts at {opts.rate:g}/s (gateway {opts.latency_ms} ms) with "
+        f"{opts.internal:,} internal payments due at the same instant")
+    baseline = drain(opts, redis_url=redis_url, log_dir=log_dir, run_id=run_id, with_payouts=False, say=say)
+    mixed = drain(opts, redis_url=redis_url, log_dir=log_dir, run_id=run_id, with_payouts=True, say=say)
+    payouts = mixed.get("payouts", {})
+    paced = payouts.get("paced_per_s")
+    base_pps = baseline["internal"].get("payments_per_s")
+    mixed_pps = mixed["internal"].get("payments_per_s")
+    gateway = mixed.get("gateway", {})
+    expected_declines = opts.payouts // DECLINE_EVERY
+    correct = (
+        payouts.get("payments") == opts.payouts
+        and payouts.get("failed") == expected_declines
+        and not (gateway.get("keys_paid_twice") or gateway.get("wrong") or gateway.get("pending_reserves"))
+        and mixed["reconcile_violations"] == 0 and baseline["reconcile_violations"] == 0
+    )
+    return {
+        "scenario": "payouts",
+        "options": {k: v for k, v in vars(opts).items()},
+        "rate_limit": opts.rate,
+        "payouts_per_s": paced,
+        "share_of_limit": round(paced / opts.rate, 3) if paced else None,
+        "internal_per_s_baseline": base_pps,
+        "internal_per_s_with_payouts": mixed_pps,
+        "internal_ratio": round(mixed_pps / base_pps, 3) if base_pps and mixed_pps else None,
+        "internal_lateness_p99_baseline_s": baseline["internal"].get("execution_lateness_s", {}).get("p99"),
+        "internal_lateness_p99_with_payouts_s": mixed["internal"].get("execution_lateness_s", {}).get("p99"),
+        "baseline": baseline,
+        "mixed": mixed,
+        "correct": correct,
+    }
+
+
+def summary(result: dict) -> str:
+    p = result["mixed"].get("payouts", {})
+    g = result["mixed"].get("gateway", {})
+    return (
+        f"payouts: {p.get('executed', 0):,} executed, {p.get('failed', 0):,} declined; paced "
+        f"{result['payouts_per_s']}/s = {result['share_of_limit']} of the {result['rate_limit']:g}/s limit "
+        f"(drain {p.get('drain_s')} s, lateness p99 {p.get('execution_lateness_s', {}).get('p99')} s)\n"
+        f"internal: {result['internal_per_s_with_payouts']}/s with payouts vs {result['internal_per_s_baseline']}/s "
+        f"alone = {result['internal_ratio']}; lateness p99 {result['internal_lateness_p99_with_payouts_s']} s vs "
+        f"{result['internal_lateness_p99_baseline_s']} s\n"
+        f"gateway: {g.get('gateway_paid')} paid, keys paid twice {g.get('keys_paid_twice')}, wrong {g.get('wrong')}, "
+        f"reserves pending {g.get('pending_reserves')}; reconcile violations "
+        f"{result['baseline']['reconcile_violations']} + {result['mixed']['reconcile_violations']}; "
+        f"correct={result['correct']}"
+    )

@@ -1,0 +1,96 @@
+"""Payees and payouts through the API: a payee is its creator's; a payout is a payment
+with to_payee instead of to_account (exactly one of them)."""
+
+import pytest
+
+from payments.models import Payout, ScheduledPayment
+from tests.api import assert_error, future, post
+from tests.conftest import client_for
+from tests.factories import UserFactory, funded_account
+
+pytestmark = pytest.mark.django_db
+
+
+def payee(api, destination="acct_bob", key="y1"):
+    response = post(api, "/api/v1/payees", {"name": "Bob", "rail": "sandbox", "destination": destination}, key=key)
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def test_a_payee_is_created_listed_read_and_deleted_by_its_owner_only(api, user):
+    body = payee(api)
+    assert body["payee_id"].startswith("pye_") and body["rail"] == "sandbox" and body["destination"] == "acct_bob"
+    assert [p["payee_id"] for p in api.get("/api/v1/payees").json()["items"]] == [body["payee_id"]]
+    assert api.get(f"/api/v1/payees/{body['payee_id']}").status_code == 200
+    stranger = client_for(UserFactory())
+    assert stranger.get("/api/v1/payees").json()["items"] == []
+    assert_error(stranger.get(f"/api/v1/payees/{body['payee_id']}"), 404, "not_found")
+    assert_error(stranger.delete(f"/api/v1/payees/{body['payee_id']}"), 404, "not_found")
+    assert api.delete(f"/api/v1/payees/{body['payee_id']}").status_code == 204
+    assert_error(api.get(f"/api/v1/payees/{body['payee_id']}"), 404, "not_found")
+    assert api.get("/api/v1/payees").json()["items"] == []
+
+
+@pytest.mark.parametrize(("field", "value"), [("rail", "swift"), ("destination", "has space"),
+                                               ("destination", "x" * 65), ("name", "")])
+def test_bad_payees_are_400(api, field, value):
+    body = {"name": "Bob", "rail": "sandbox", "destination": "acct_bob", field: value}
+    response = post(api, "/api/v1/payees", body, key="bad")
+    assert_error(response, 400, "validation_error")
+    assert field in response.json()["fields"]
+
+
+def test_a_payout_is_scheduled_with_to_payee_and_shows_it(api, user):
+    source = funded_account(owner=user, balance=100)
+    p = payee(api)
+    response = post(api, "/api/v1/payments", {"from_account": source.id, "to_payee": p["payee_id"], "amount": 7,
+                                              "execute_at": future()}, key="po")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert (body["to_payee"], body["to_account"], body["payout"]) == (p["payee_id"], None, None)
+    assert ScheduledPayment.objects.get(pk=body["payment_id"]).rail == "sandbox"
+    # A pending payout keeps its payee; cancelled, it may go.
+    assert_error(api.delete(f"/api/v1/payees/{p['payee_id']}"), 409, "payee_in_use")
+    assert api.delete(f"/api/v1/payments/{body['payment_id']}").status_code == 200
+    assert api.delete(f"/api/v1/payees/{p['payee_id']}").status_code == 204
+
+
+def test_a_payout_shows_its_record_at_the_rail(api, user):
+    source = funded_account(owner=user, balance=100)
+    p = payee(api)
+    body = post(api, "/api/v1/payments", {"from_account": source.id, "to_payee": p["payee_id"], "amount": 7,
+                                          "execute_at": future()}, key="po").json()
+    Payout.objects.create(payment_id=body["payment_id"], rail="sandbox", destination="acct_bob", amount=7)
+    payout = api.get(f"/api/v1/payments/{body['payment_id']}").json()["payout"]
+    assert payout["state"] == "pending" and payout["reference"] == "" and payout["destination"] == "acct_bob"
+    # Its funds are reserved at the rail: the creator may not cancel it.
+    assert_error(api.delete(f"/api/v1/payments/{body['payment_id']}"), 409, "payout_outcome_unknown")
+
+
+def test_to_account_and_to_payee_are_exclusive_and_the_payee_must_be_yours(api, user):
+    source, target = funded_account(owner=user, balance=100), funded_account()
+    p = payee(api)
+    base = {"from_account": source.id, "amount": 7, "execute_at": future()}
+    both = post(api, "/api/v1/payments", {**base, "to_account": target.id, "to_payee": p["payee_id"]}, key="a")
+    assert_error(both, 400, "validation_error")
+    assert "to_payee" in both.json()["fields"]
+    neither = post(api, "/api/v1/payments", base, key="b")
+    assert "to_account" in neither.json()["fields"]
+    theirs = payee(client_for(UserFactory()), key="t")
+    response = post(api, "/api/v1/payments", {**base, "to_payee": theirs["payee_id"]}, key="c")
+    assert_error(response, 400, "validation_error")
+    assert "to_payee" in response.json()["fields"]
+    assert not ScheduledPayment.objects.exists()
+
+
+def test_a_recurring_payout(api, user):
+    source = funded_account(owner=user, balance=100)
+    p = payee(api)
+    response = post(api, "/api/v1/recurring-payments", {"from_account": source.id, "to_payee": p["payee_id"],
+                                                         "amount": 3, "start_at": future(), "interval": "P1D"},
+                    key="rec")
+    assert response.status_code == 201, response.json()
+    assert response.json()["to_payee"] == p["payee_id"] and response.json()["to_account"] is None
+    occurrence = ScheduledPayment.objects.get(recurring_id=response.json()["recurring_id"])
+    assert (occurrence.to_payee_id, occurrence.rail, occurrence.to_account_id) == (p["payee_id"], "sandbox", None)
+    assert_error(api.delete(f"/api/v1/payees/{p['payee_id']}"), 409, "payee_in_use")
