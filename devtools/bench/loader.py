@@ -69,7 +69,7 @@ UPDATE ledger_account
  WHERE id = %(issuance)s
 """
 
-PAYMENTS_SQL = """
+_PAYMENTS_SQL_HEAD = """
 WITH src AS (
     SELECT g, f,
            CASE WHEN %(hot)s THEN 2 + floor(random() * (%(accounts)s - 1))::int
@@ -99,7 +99,8 @@ WITH src AS (
 ), need AS (
     SELECT from_account_id AS account_id, sum(amount) AS total
       FROM ins WHERE amount < %(too_much)s GROUP BY from_account_id
-""" + FUND_PAYERS_SQL
+"""
+PAYMENTS_SQL = _PAYMENTS_SQL_HEAD + FUND_PAYERS_SQL  # fixed fragments, never input
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from .stats import per_second, summarize
 
 DECLINE_EVERY = 100  # every 100th payout goes to a payee the gateway always declines
 
-PAYOUTS_SQL = """
+_PAYOUTS_SQL_HEAD = """
 WITH src AS (
     SELECT g, 1 + floor(random() * %(accounts)s)::int AS f, 1 + floor(random() * %(max_amount)s)::bigint AS amount
       FROM generate_series(%(first)s, %(last)s) AS g
@@ -54,7 +54,8 @@ WITH src AS (
       FROM ins
 ), need AS (
     SELECT from_account_id AS account_id, sum(amount) AS total FROM ins GROUP BY from_account_id
-""" + loader.FUND_PAYERS_SQL
+"""
+PAYOUTS_SQL = _PAYOUTS_SQL_HEAD + loader.FUND_PAYERS_SQL  # fixed fragments, never input
 
 # Finished payments of the burst by kind: due, finished (executed_at or the failure's
 # updated_at), status.
