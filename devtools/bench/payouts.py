@@ -80,8 +80,9 @@ class PayoutOptions:
     latency_ms: int = 20  # the gateway's answer time
     workers: int = 1
     concurrency: int = 4
-    payout_concurrency: int = 2  # prefork children of the payouts process
-    rail_threads: int = 32  # DELAYPAY_RAIL_CONCURRENCY
+    payout_concurrency: int = 4  # prefork children of the payouts process
+    rail_threads: int = 16  # DELAYPAY_RAIL_CONCURRENCY
+    rail_batch: int = 200  # DELAYPAY_RAIL_CLAIM_BATCH
     lead: float = 15.0
     timeout: float = 600.0
     keep: bool = False
@@ -145,10 +146,11 @@ def gateway_check(gateway: SandboxGateway) -> dict:
             "wrong": wrong, "pending_reserves": pending}
 
 
-def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, with_payouts: bool, say) -> dict:
+def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, with_payouts: bool, say,
+          latency_ms: int = 0) -> dict:
     from .scenarios import child_env, due_instant, flush_private_redis, wait_ready
 
-    name = "payouts-mixed" if with_payouts else "payouts-baseline"
+    name = f"payouts-mixed-{latency_ms}ms" if with_payouts else "payouts-baseline"
     out: dict = {}
     with fresh_database(scratch_name(run_id, name), keep=opts.keep):
         loader.load_accounts(accounts=opts.accounts)
@@ -156,6 +158,7 @@ def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, wi
         gateway = SandboxGateway(db_path=log_dir / name / "gateway.db") if with_payouts else None
         env = child_env(redis_url, DELAYPAY_RAIL_RATE_LIMIT=str(opts.rate),
                         DELAYPAY_RAIL_CONCURRENCY=str(opts.rail_threads),
+                        DELAYPAY_RAIL_CLAIM_BATCH=str(opts.rail_batch),
                         **({"DELAYPAY_RAIL_SANDBOX_URL": gateway.url} if gateway else {}))
         stack = Stack(log_dir / name, env=env)
         try:
@@ -167,7 +170,7 @@ def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, wi
             if gateway is not None:
                 for _ in range(100):
                     try:
-                        gateway.faults(latency_ms=opts.latency_ms)
+                        gateway.faults(latency_ms=latency_ms)
                         break
                     except Exception:
                         time.sleep(0.1)
@@ -178,6 +181,8 @@ def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, wi
             loader.analyze()
             say(f"  {name}: {opts.internal:,} internal" + (f" + {opts.payouts:,} payouts" if with_payouts else "")
                 + f" due at {due_at:%H:%M:%S}")
+            payout_env = {k: v for k, v in env.items() if k.startswith("DELAYPAY_RAIL")}
+            out["settings"] = {**payout_env, "PAYOUT_CONCURRENCY": str(opts.payout_concurrency)}
             sleep_until(due_at)
             started = time.monotonic()
             while time.monotonic() - started < opts.timeout:
@@ -204,52 +209,65 @@ def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, wi
 
 
 def run(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, say) -> dict:
-    """Baseline, then the mixed burst; the figures side by side."""
+    """Three drains of the same burst: the internal payments alone; with the payouts and a
+    gateway answering at once; with the payouts and the gateway at ``opts.latency_ms``.
+    The last two differ only in the rail's latency (the payouts are paced alike): their
+    internal figures side by side are what the latency costs internal transfers; against
+    the first, what running payouts at all costs them on the same cores."""
     say(f"payouts: {opts.payouts:,} payouts at {opts.rate:g}/s (gateway {opts.latency_ms} ms) with "
         f"{opts.internal:,} internal payments due at the same instant")
-    baseline = drain(opts, redis_url=redis_url, log_dir=log_dir, run_id=run_id, with_payouts=False, say=say)
-    mixed = drain(opts, redis_url=redis_url, log_dir=log_dir, run_id=run_id, with_payouts=True, say=say)
+    common = {"redis_url": redis_url, "log_dir": log_dir, "run_id": run_id, "say": say}
+    baseline = drain(opts, with_payouts=False, **common)
+    instant = drain(opts, with_payouts=True, latency_ms=0, **common)
+    mixed = drain(opts, with_payouts=True, latency_ms=opts.latency_ms, **common)
     payouts = mixed.get("payouts", {})
     paced = payouts.get("paced_per_s")
-    base_pps = baseline["internal"].get("payments_per_s")
-    mixed_pps = mixed["internal"].get("payments_per_s")
-    gateway = mixed.get("gateway", {})
+    pps = {name: run["internal"].get("payments_per_s") for name, run in
+           (("alone", baseline), ("gateway_0ms", instant), ("gateway_latency", mixed))}
+    p99 = {name: run["internal"].get("execution_lateness_s", {}).get("p99") for name, run in
+           (("alone", baseline), ("gateway_0ms", instant), ("gateway_latency", mixed))}
     expected_declines = opts.payouts // DECLINE_EVERY
-    correct = (
-        payouts.get("payments") == opts.payouts
-        and payouts.get("failed") == expected_declines
-        and not (gateway.get("keys_paid_twice") or gateway.get("wrong") or gateway.get("pending_reserves"))
-        and mixed["reconcile_violations"] == 0 and baseline["reconcile_violations"] == 0
-    )
+
+    def run_correct(run: dict, with_payouts: bool) -> bool:
+        gateway = run.get("gateway", {})
+        ok = run["reconcile_violations"] == 0
+        if with_payouts:
+            p = run.get("payouts", {})
+            ok = ok and p.get("payments") == opts.payouts and p.get("failed") == expected_declines and not (
+                gateway.get("keys_paid_twice") or gateway.get("wrong") or gateway.get("pending_reserves"))
+        return ok
+
+    ratio = lambda a, b: round(a / b, 3) if a and b else None  # noqa: E731
     return {
         "scenario": "payouts",
-        "options": {k: v for k, v in vars(opts).items()},
+        "options": dict(vars(opts)),
         "rate_limit": opts.rate,
         "payouts_per_s": paced,
-        "share_of_limit": round(paced / opts.rate, 3) if paced else None,
-        "internal_per_s_baseline": base_pps,
-        "internal_per_s_with_payouts": mixed_pps,
-        "internal_ratio": round(mixed_pps / base_pps, 3) if base_pps and mixed_pps else None,
-        "internal_lateness_p99_baseline_s": baseline["internal"].get("execution_lateness_s", {}).get("p99"),
-        "internal_lateness_p99_with_payouts_s": mixed["internal"].get("execution_lateness_s", {}).get("p99"),
+        "share_of_limit": ratio(paced, opts.rate),
+        "payouts_per_s_gateway_0ms": instant.get("payouts", {}).get("paced_per_s"),
+        "internal_per_s": pps,
+        "internal_lateness_p99_s": p99,
+        "internal_ratio_latency_vs_0ms": ratio(pps["gateway_latency"], pps["gateway_0ms"]),
+        "internal_ratio_latency_vs_alone": ratio(pps["gateway_latency"], pps["alone"]),
         "baseline": baseline,
+        "instant": instant,
         "mixed": mixed,
-        "correct": correct,
+        "correct": run_correct(baseline, False) and run_correct(instant, True) and run_correct(mixed, True),
     }
 
 
 def summary(result: dict) -> str:
     p = result["mixed"].get("payouts", {})
     g = result["mixed"].get("gateway", {})
+    pps, p99 = result["internal_per_s"], result["internal_lateness_p99_s"]
     return (
         f"payouts: {p.get('executed', 0):,} executed, {p.get('failed', 0):,} declined; paced "
         f"{result['payouts_per_s']}/s = {result['share_of_limit']} of the {result['rate_limit']:g}/s limit "
-        f"(drain {p.get('drain_s')} s, lateness p99 {p.get('execution_lateness_s', {}).get('p99')} s)\n"
-        f"internal: {result['internal_per_s_with_payouts']}/s with payouts vs {result['internal_per_s_baseline']}/s "
-        f"alone = {result['internal_ratio']}; lateness p99 {result['internal_lateness_p99_with_payouts_s']} s vs "
-        f"{result['internal_lateness_p99_baseline_s']} s\n"
+        f"(gateway answering at once: {result['payouts_per_s_gateway_0ms']}/s; drain {p.get('drain_s')} s)\n"
+        f"internal: {pps['gateway_latency']}/s with payouts and the gateway's latency, {pps['gateway_0ms']}/s with "
+        f"payouts and no latency ({result['internal_ratio_latency_vs_0ms']}), {pps['alone']}/s alone "
+        f"({result['internal_ratio_latency_vs_alone']}); lateness p99 {p99['gateway_latency']} / {p99['gateway_0ms']}"
+        f" / {p99['alone']} s\n"
         f"gateway: {g.get('gateway_paid')} paid, keys paid twice {g.get('keys_paid_twice')}, wrong {g.get('wrong')}, "
-        f"reserves pending {g.get('pending_reserves')}; reconcile violations "
-        f"{result['baseline']['reconcile_violations']} + {result['mixed']['reconcile_violations']}; "
-        f"correct={result['correct']}"
+        f"reserves pending {g.get('pending_reserves')}; correct={result['correct']}"
     )

@@ -59,8 +59,12 @@ class Command(BaseCommand):
         parser.add_argument("--rail-rate", type=float, default=1000.0,
                             help="payouts: DELAYPAY_RAIL_RATE_LIMIT, payouts per second (1000)")
         parser.add_argument("--rail-latency-ms", type=int, default=20, help="payouts: the gateway's latency (20)")
-        parser.add_argument("--payout-concurrency", type=int, default=2,
-                            help="payouts: prefork children of the payouts process (2)")
+        parser.add_argument("--payout-concurrency", type=int, default=4,
+                            help="payouts: prefork children of the payouts process (4)")
+        parser.add_argument("--rail-threads", type=int, default=16,
+                            help="payouts: DELAYPAY_RAIL_CONCURRENCY, calls in flight per payouts child (16)")
+        parser.add_argument("--rail-batch", type=int, default=200,
+                            help="payouts: DELAYPAY_RAIL_CLAIM_BATCH, payouts per claim and message (200)")
 
     def handle(self, *args, **opts):
         if opts["scenario"] == "payouts":
@@ -142,6 +146,7 @@ class Command(BaseCommand):
             payouts=opts["payments"] or 20_000, internal=opts["internal"], accounts=opts["accounts"],
             rate=opts["rail_rate"], latency_ms=opts["rail_latency_ms"], workers=opts["workers"],
             concurrency=opts["concurrency"], payout_concurrency=opts["payout_concurrency"],
+            rail_threads=opts["rail_threads"], rail_batch=opts["rail_batch"],
             timeout=opts["timeout"], keep=opts["keep"],
         )
         with PrivateRedis(port=pick_port(56380), directory=log_root) as private_redis:
