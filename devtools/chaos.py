@@ -216,9 +216,15 @@ def payout_fault_plan(options: Options) -> list[Fault]:
         "gateway_down": lambda: options.gateway_outage_seconds,
         "kill_payouts": lambda: rng.uniform(0.5, 3.0),
     }
+
+    def moment(kind: str) -> float:
+        # The outage comes last, so the gateway's other faults hit a gateway that runs.
+        if kind == "gateway_down":
+            return rng.uniform(0.6, 0.8) * options.window
+        return rng.uniform(0.5, max(0.6, 0.55 * options.window))
+
     return [
-        Fault(at=round(rng.uniform(0.5, options.window * 0.8), 2), kind=kind, target=0,
-              duration=round(durations[kind](), 2))
+        Fault(at=round(moment(kind), 2), kind=kind, target=0, duration=round(durations[kind](), 2))
         for kind, n in PAYOUT_FAULTS.items() for _ in range(n)
     ]
 
