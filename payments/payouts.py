@@ -49,7 +49,7 @@ from .execution import (
     write_outcomes,
 )
 from .models import ExecutionAttempt, FailureReason, PaymentStatus, PayoutState, ReviewReason
-from .worker import retry_conflicts
+from .worker import log_outcomes, retry_conflicts
 
 logger = logging.getLogger(__name__)
 outcome_logger = logging.getLogger("payments.outcomes")
@@ -311,9 +311,5 @@ def run_payout_batch(pairs: list[Pair], *, worker: str | None = None) -> BatchRe
                 "payment_id": a.work.payment.id, "attempt": a.work.payment.attempt, "worker": worker,
                 "outcome": "unknown", "rail": a.work.rail, "error": a.result.error[:200],
             })
-    logger.info("payout batch", extra={
-        "worker": worker, "payments": len(pairs), "executed": len(result.executed), "failed": len(result.failed),
-        "parked": len(result.parked), "unknown": len(result.unknown), "stale": len(result.stale),
-        "apply_ms": round(seconds * 1000, 1),
-    })
+    log_outcomes(result, pairs, worker=worker, seconds=seconds)  # failures, parks, stale, and the summary
     return result

@@ -139,6 +139,7 @@ def log_outcomes(result: BatchResult, pairs: list[Pair], *, worker: str, seconds
         "parked": len(result.parked),
         "retrying": len(result.retrying),
         "stale": len(result.stale),
+        **({"unknown": len(result.unknown)} if result.unknown else {}),  # payouts awaiting their rail's answer
         "apply_ms": round(seconds * 1000, 1),
         "max_execution_lateness_s": round(max(result.execution_lateness, default=0.0), 3),
     })
