@@ -82,6 +82,47 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class ClientErrorWithoutTraceback(logging.Filter):
+    """django.request logs a refused request (403 PermissionDenied, 400 ...) at WARNING
+    with the exception's traceback: a page of stack per refused click, for an outcome
+    that is no bug. A 4xx stays one line (its status and path); 5xx keep their traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        if isinstance(status, int) and 400 <= status < 500:
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+# Beat sends these every second (settings.CELERY_BEAT_SCHEDULE); a tick that did
+# something logs its own line (payments/promoter.py "promoter tick", the webhook
+# dispatcher per delivery).
+TICK_TASKS = frozenset({"payments.tasks.promoter_tick", "webhooks.tasks.dispatch"})
+
+
+def _tick_task_name(record: logging.LogRecord) -> str:
+    data = getattr(record, "data", None)  # celery.app.trace and celery.worker.strategy
+    if isinstance(data, dict):
+        return str(data.get("name", ""))
+    if record.name == "celery.beat" and isinstance(record.args, tuple) and len(record.args) == 2:
+        return str(record.args[1])  # "Scheduler: Sending due task %s (%s)", entry name and task
+    return ""
+
+
+class TickLinesAtDebug(logging.Filter):
+    """Celery's INFO lines for the per-second ticks (beat's "Sending due task", the
+    worker's "Task ... received" and "... succeeded") become DEBUG: six lines a second
+    that bury the workers' lines about payments. Other tasks' lines, and any tick line
+    above INFO (a failure), are left as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or _tick_task_name(record) not in TICK_TASKS:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
 def logging_config(*, level: str, fmt: str) -> dict:
     """settings.LOGGING for ``fmt`` "json" or "text"."""
     if fmt not in ("json", "text"):
@@ -93,11 +134,25 @@ def logging_config(*, level: str, fmt: str) -> dict:
             "json": {"()": "delaypay.logs.JsonFormatter"},
             "text": {"()": "delaypay.logs.TextFormatter"},
         },
+        "filters": {
+            "client_errors": {"()": "delaypay.logs.ClientErrorWithoutTraceback"},
+            "ticks": {"()": "delaypay.logs.TickLinesAtDebug"},
+        },
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": fmt}},
         "root": {"handlers": ["console"], "level": level},
         "loggers": {
+            # Django's default logging (applied before this) gives "django" its own console
+            # handler in DEBUG: every django.* line, a 403's traceback included, was written
+            # twice, once by it and once by ours through the root. Only ours now.
+            "django": {"handlers": [], "propagate": True},
             "django.db.backends": {"level": "INFO"},
+            # A refused request is one line, not a traceback (ClientErrorWithoutTraceback).
+            "django.request": {"filters": ["client_errors"]},
             "celery": {"level": level},
+            # The per-second ticks' lines at DEBUG (TickLinesAtDebug).
+            "celery.beat": {"filters": ["ticks"]},
+            "celery.app.trace": {"filters": ["ticks"]},
+            "celery.worker.strategy": {"filters": ["ticks"]},
             # httpx (webhook delivery) logs every request with its full URL at INFO: a
             # receiver's URL may carry a token of its owner's. webhooks/dispatcher.py logs
             # what a delivery did, by ids, itself.
@@ -116,8 +171,9 @@ def request_id_from(header: str | None) -> str:
 
 request_logger = logging.getLogger("delaypay.request")
 
-# Scrapes and probes arrive every few seconds: logged at DEBUG, not INFO.
-_QUIET_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+# Scrapes and probes arrive every few seconds, the favicon with every page: logged at
+# DEBUG, not INFO.
+_QUIET_PATHS = frozenset({"/metrics", "/healthz", "/readyz", "/favicon.ico"})
 
 
 class RequestLogMiddleware:

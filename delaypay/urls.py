@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from delaypay import views
+from delaypay.favicon import favicon
 from payments.admin_limits import limits_view
 from payments.dashboard import dashboard_view
 
@@ -9,6 +10,7 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("readyz", views.readyz, name="readyz"),
     path("metrics", views.metrics, name="metrics"),
+    path("favicon.ico", favicon, name="favicon"),  # browsers ask every page for it
     path("admin/dashboard/", admin.site.admin_view(dashboard_view), name="admin-dashboard"),
     path("admin/limits/", admin.site.admin_view(limits_view), name="admin-limits"),
     path("admin/", admin.site.urls),

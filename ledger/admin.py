@@ -1,7 +1,11 @@
 """The ledger console: accounts (read-only balance; freeze, unfreeze and deposit through
 services, each with a reason), deposit requests (approved or rejected by a second staff
 member), the append-only staff actions and transfers, and the two-phase transfers that
-reserve a payout's funds (read-only: only the payout's outcome posts or voids one)."""
+reserve a payout's funds (read-only: only the payout's outcome posts or voids one).
+
+Cross-links: an account's page links to its payments, transfers and staff history; a
+user's page (Django's user admin, re-registered here) to their accounts and payments.
+Amounts are shown with thousands separators (1,234,567)."""
 
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -9,11 +13,13 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from common.admin_tools import (
     ActionPermissionAdminMixin,
@@ -55,6 +61,7 @@ from .services import (
     deposit_request_approve,
     deposit_request_reject,
 )
+from .templatetags.money import thousands
 
 ACCOUNT_STATUS_TONES = {
     Account.Status.ACTIVE: "green",
@@ -92,6 +99,25 @@ def account_url(account_id: str) -> str:
 
 def account_transfers_url(account_id: str) -> str:
     return reverse("admin:ledger_transfer_changelist") + "?" + urlencode({"account": account_id})
+
+
+def account_payments_url(account_id: str) -> str:
+    """The payments out of or into the account (the payment list's account filter: both
+    directions when none is given; served by the from_account and to_account indexes)."""
+    return reverse("admin:payments_scheduledpayment_changelist") + "?" + urlencode({"account": account_id})
+
+
+def account_staff_actions_url(account_id: str) -> str:
+    return reverse("admin:ledger_staffaction_changelist") + "?" + urlencode({"account": account_id})
+
+
+def user_accounts_url(user_id) -> str:
+    return reverse("admin:ledger_account_changelist") + "?" + urlencode({"owner__id__exact": user_id})
+
+
+def user_payments_url(user_id) -> str:
+    """The payments the user created, as their payer (the payment list's payer filter)."""
+    return reverse("admin:payments_scheduledpayment_changelist") + "?" + urlencode({"payer": user_id})
 
 
 def pending_requests_url(account_id: str) -> str:
@@ -154,8 +180,11 @@ class StaffActionInline(ReadOnlyAdminMixin, admin.TabularInline):
     formset = LatestRowsInlineFormSet
     verbose_name = "staff action"
     verbose_name_plural = f"staff actions (the latest {LatestRowsInlineFormSet.max_rows}, newest first)"
-    fields = ("created_at", "action", "actor", "amount", "reason", "payment_id", "deposit_request", "transfer_key")
+    fields = (
+        "created_at", "action", "actor", "amount_col", "reason", "payment_id", "deposit_request", "transfer_key"
+    )
     readonly_fields = fields
+    amount_col = display_column("amount", lambda amount: "-" if amount is None else thousands(amount), "amount")
     ordering = ("-id",)
     extra = 0
     can_delete = False
@@ -168,18 +197,20 @@ class StaffActionInline(ReadOnlyAdminMixin, admin.TabularInline):
 class AccountAdmin(
     ActionPermissionAdminMixin, ConfirmedActAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin
 ):
-    list_display = ("id", "name", "owner", "kind", "status_col", "balance", "created_at", "transfers_col")
+    list_display = ("id", "name", "owner", "kind", "status_col", "balance_col", "created_at", "transfers_col")
     list_select_related = ("owner",)
     list_filter = ("kind", "status")
     ordering = ("-id",)  # ids are time-ordered (ULIDs): newest first, by the primary key
     search_fields = ("id",)  # shows the box; get_search_results does the matching
     search_help_text = "Exact account id or owner's username; several separated by spaces."
     actions = ["freeze_selected", "unfreeze_selected"]
-    fields = ("id", "owner", "name", "kind", "status_col", "balance", "transfers_col", "created_at", "updated_at")
+    # Its payments, transfers and staff acts: the page's buttons (change_form.html).
+    fields = ("id", "owner", "name", "kind", "status_col", "balance_col", "created_at", "updated_at")
     readonly_fields = fields
     inlines = [StaffActionInline]
 
     status_col = display_column("status", account_status_badge, "status")
+    balance_col = display_column("balance", thousands, "balance")
 
     @admin.display(description="transfers")
     def transfers_col(self, obj):
@@ -220,7 +251,7 @@ class AccountAdmin(
                 left_alone = ""
             rows.append(ConfirmRow(
                 [account_id_link(account.pk), username(account.owner), account.kind,
-                 account_status_badge(account.status), account.balance],
+                 account_status_badge(account.status), thousands(account.balance)],
                 left_alone=left_alone,
             ))
         return ["account", "owner", "kind", "status", "balance"], rows
@@ -369,6 +400,8 @@ class AccountAdmin(
         context["can_freeze"] = may_freeze and obj.status == Account.Status.ACTIVE
         context["can_unfreeze"] = may_freeze and obj.status == Account.Status.FROZEN
         context["transfers_url"] = account_transfers_url(obj.pk) if obj is not None else ""
+        context["payments_url"] = account_payments_url(obj.pk) if obj is not None else ""
+        context["staff_actions_url"] = account_staff_actions_url(obj.pk) if obj is not None else ""
         if obj is not None:
             context["pending_requests"] = DepositRequest.objects.filter(
                 account=obj, status=DepositRequest.Status.PENDING
@@ -416,7 +449,8 @@ class DepositRequestAdmin(
     ActionPermissionAdminMixin, ConfirmedActAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin
 ):
     list_display = (
-        "id", "account_col", "amount", "status_col", "requested_by", "created_at_col", "decided_by", "decided_at_col"
+        "id", "account_col", "amount_col", "status_col", "requested_by", "created_at_col", "decided_by",
+        "decided_at_col",
     )
     list_select_related = ("requested_by", "decided_by")
     list_filter = ("status",)
@@ -425,12 +459,13 @@ class DepositRequestAdmin(
     search_help_text = "Exact request id or account id; several separated by spaces."
     actions = ["approve_selected", "reject_selected"]
     fields = (
-        "id", "account_col", "amount", "reason", "status_col", "requested_by", "created_at",
+        "id", "account_col", "amount_col", "reason", "status_col", "requested_by", "created_at",
         "decided_by", "decided_at", "decision_reason", "transfer_col",
     )
     readonly_fields = fields
 
     account_col = display_column("account_id", account_id_link, "account", ordering="account")
+    amount_col = display_column("amount", thousands, "amount")
     status_col = display_column("status", request_status_badge, "status")
     created_at_col = display_column("created_at", utc_text, "requested (UTC)")
     decided_at_col = display_column("decided_at", utc_text, "decided (UTC)")
@@ -471,7 +506,7 @@ class DepositRequestAdmin(
             else:
                 left_alone = ""
             rows.append(ConfirmRow(
-                [deposit_request_link(req.pk), account_id_link(req.account_id), req.amount,
+                [deposit_request_link(req.pk), account_id_link(req.account_id), thousands(req.amount),
                  username(req.requested_by), req.reason, request_status_badge(req.status)],
                 left_alone=left_alone,
             ))
@@ -517,13 +552,31 @@ class DepositRequestAdmin(
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
 
+class StaffActionAccountFilter(admin.SimpleListFilter):
+    """The staff acts on one account (``?account=<id>``, as linked from the account's
+    page), newest first through ledger_staffaction_account_idx (account, id). Offered only
+    once given: listing every account here would not scale."""
+
+    title = "account"
+    parameter_name = "account"
+
+    def lookups(self, request, model_admin):
+        return [(self.value(), self.value())] if self.value() else []
+
+    def has_output(self) -> bool:
+        return bool(self.value())
+
+    def queryset(self, request, queryset):
+        return queryset.filter(account_id=self.value()) if self.value() else queryset
+
+
 @admin.register(StaffAction)
 class StaffActionAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """Every staff act on money or an account, with its author and reason. Append-only."""
 
-    list_display = ("id", "created_at_col", "actor", "action", "account_col", "payment_id", "amount", "reason")
+    list_display = ("id", "created_at_col", "actor", "action", "account_col", "payment_id", "amount_col", "reason")
     list_select_related = ("actor",)
-    list_filter = ("action",)
+    list_filter = ("action", StaffActionAccountFilter)
     ordering = ("-id",)
     search_fields = ("account__id",)  # shows the box; get_search_results does the matching
     search_help_text = (
@@ -531,11 +584,12 @@ class StaffActionAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnl
     )
     fields = (
         "id", "created_at", "actor", "action", "reason", "account_col", "payment_id", "deposit_request",
-        "transfer_key", "amount",
+        "transfer_key", "amount_col",
     )
     readonly_fields = fields
 
     created_at_col = display_column("created_at", utc_text, "at (UTC)")
+    amount_col = display_column("amount", lambda amount: "-" if amount is None else thousands(amount), "amount")
 
     @admin.display(description="account", ordering="account")
     def account_col(self, obj):
@@ -577,13 +631,14 @@ class TransferAccountFilter(admin.SimpleListFilter):
 
 @admin.register(Transfer)
 class TransferAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
-    list_display = ("id", "key", "debit_col", "credit_col", "amount", "created_at_col")
+    list_display = ("id", "key", "debit_col", "credit_col", "amount_col", "created_at_col")
     list_filter = (TransferAccountFilter, "created_at")
     ordering = ("-id",)
     search_fields = ("key",)  # shows the box; get_search_results does the matching
     search_help_text = "Exact transfer key (a payment's id for a payment) or account id; several separated by spaces."
-    fields = ("id", "key", "debit_col", "credit_col", "amount", "created_at")
+    fields = ("id", "key", "debit_col", "credit_col", "amount_col", "created_at")
     readonly_fields = fields
+    amount_col = display_column("amount", thousands, "amount")
 
     debit_col = display_column("debit_account_id", account_id_link, "debit", ordering="debit_account")
     credit_col = display_column("credit_account_id", account_id_link, "credit", ordering="credit_account")
@@ -616,18 +671,19 @@ class PendingTransferAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, Rea
     ordinary transfer, keyed ``pend:``, ``post:`` or ``void:`` and the payment's id."""
 
     list_display = (
-        "key", "debit_col", "clearing_col", "credit_col", "amount", "state_col", "created_at_col", "resolved_at_col",
-        "transfers_col",
+        "key", "debit_col", "clearing_col", "credit_col", "amount_col", "state_col", "created_at_col",
+        "resolved_at_col", "transfers_col",
     )
     list_filter = ("state",)
     ordering = ("-key",)  # keys are payment ids, time-ordered: newest first, by the primary key
     search_fields = ("key",)  # shows the box; get_search_results does the matching
     search_help_text = "Exact key (the payment's id) or account id; several separated by spaces."
     fields = (
-        "key", "debit_col", "clearing_col", "credit_col", "amount", "state_col", "created_at", "resolved_at",
+        "key", "debit_col", "clearing_col", "credit_col", "amount_col", "state_col", "created_at", "resolved_at",
         "transfers_col",
     )
     readonly_fields = fields
+    amount_col = display_column("amount", thousands, "amount")
 
     debit_col = display_column("debit_account_id", account_id_link, "payer (debit)", ordering="debit_account")
     clearing_col = display_column("clearing_account_id", account_id_link, "held in", ordering="clearing_account")
@@ -644,3 +700,57 @@ class PendingTransferAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, Rea
 
     def get_search_results(self, request, queryset, search_term):
         return exact_terms_search(queryset, search_term, ("key", "debit_account_id", "clearing_account_id"))
+
+
+# --- users: Django's user admin, with links to the user's accounts and payments ---------------
+
+MAX_LISTED_ACCOUNTS = 20
+
+
+class DelaypayUserAdmin(UserAdmin):
+    """Django's user admin (superusers: no staff group holds auth permissions) with, on top
+    of the page, the user's accounts and a link to their payments."""
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None:
+            return fieldsets
+        return (("delaypay", {"fields": ("accounts_col", "payments_col")}), *fieldsets)
+
+    def get_readonly_fields(self, request, obj=None):
+        return (*super().get_readonly_fields(request, obj), "accounts_col", "payments_col")
+
+    @admin.display(description="accounts")
+    def accounts_col(self, obj):
+        accounts = list(Account.objects.filter(owner=obj).order_by("id")[: MAX_LISTED_ACCOUNTS + 1])
+        if not accounts:
+            return "none"
+        shown = format_html_join(
+            ", ", '<a href="{}">{}</a> <span class="dp-mono">{}</span> ({})',
+            ((account_url(a.pk), a.name or a.pk, a.pk, a.status) for a in accounts[:MAX_LISTED_ACCOUNTS]),
+        )
+        more = f" and more: the first {MAX_LISTED_ACCOUNTS} are shown" if len(accounts) > MAX_LISTED_ACCOUNTS else ""
+        return format_html('{}{} · <a href="{}" id="dp-user-accounts">all their accounts</a>',
+                           shown, more, user_accounts_url(obj.pk))
+
+    @admin.display(description="payments")
+    def payments_col(self, obj):
+        return format_html('<a href="{}" id="dp-user-payments">the payments they made (as payer)</a>',
+                           user_payments_url(obj.pk))
+
+
+def use_delaypay_user_admin(site) -> None:
+    """Replace the user model's admin with DelaypayUserAdmin (keeping a subclass of the
+    one registered, should a package have replaced Django's)."""
+    user_model = get_user_model()
+    registered = site._registry.get(user_model)
+    base = type(registered) if registered is not None else UserAdmin
+    if registered is not None:
+        site.unregister(user_model)
+    if issubclass(DelaypayUserAdmin, base):
+        site.register(user_model, DelaypayUserAdmin)
+    else:
+        site.register(user_model, type("DelaypayUserAdmin", (DelaypayUserAdmin, base), {"__module__": __name__}))
+
+
+use_delaypay_user_admin(admin.site)

@@ -10,14 +10,22 @@ admin_tools.py, ConfirmedActAdminMixin). "Pause" and "Resume" on recurring payme
 nothing can be added or deleted, and the database triggers would refuse it anyway.
 """
 
-from collections.abc import Callable
+import csv
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponseNotAllowed, HttpResponseRedirect
-from django.urls import reverse
+from django.db.models import Q
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect, StreamingHttpResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_date, parse_datetime
 from django.utils.html import format_html, format_html_join
 
 from common.admin_tools import (
@@ -27,6 +35,7 @@ from common.admin_tools import (
     ConfirmRow,
     LargeTableAdminMixin,
     LatestRowsInlineFormSet,
+    LimitedChangeList,
     ReadOnlyAdminMixin,
     ReasonForm,
     badge,
@@ -37,11 +46,12 @@ from common.admin_tools import (
     report,
     utc_text,
 )
-from ledger.models import PendingTransfer, StaffAction
+from common.authz import staff_may_view
+from ledger.models import Account, PendingTransfer, StaffAction
 from ledger.selectors import transfer_by_key
 from ledger.services import PENDING_PREFIX, POST_PREFIX, VOID_PREFIX
 
-from .admin_rails import payee_cell, payout_state_badge
+from .admin_rails import id_in_url, payee_cell, payout_state_badge
 from .exceptions import (
     PaymentNotCancellable,
     PaymentNotFound,
@@ -73,7 +83,6 @@ from .selectors import (
     payment_execute_at_bounds,
     payment_execute_at_condition,
     payment_overdue_condition,
-    payment_search_condition,
     recurring_search_condition,
 )
 from .series import recurring_pause, recurring_resume
@@ -97,43 +106,109 @@ STATUS_TONES = {
     RecurringStatus.ENDED: "grey",
 }
 
-# More search terms than this are ignored (each is an exact id or username).
+# More search terms than this are ignored (each is an exact id, or a username or account
+# name prefix); the list says how many were taken.
 MAX_SEARCH_TERMS = 50
+# A name prefix ("a") may match many accounts: the search takes at most this many.
+MAX_PREFIX_ACCOUNTS = 200
+SEARCH_SEPARATORS = re.compile(r"[\s,]+")
 
 
 def status_badge(status: str):
     return badge(status, STATUS_TONES.get(status, "grey"))
 
 
+def money(amount) -> str:
+    """An amount in minor units with thousands separators (1,234,567)."""
+    return f"{amount:,}" if isinstance(amount, int) else "-"
+
+
 def admin_link(obj, text=None):
-    """A link to ``obj``'s admin change page (primary keys quoted as the admin does)."""
-    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[quote(obj.pk)])
+    """A link to ``obj``'s admin change page (ids as the API shows them)."""
+    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[id_in_url(obj.pk)])
     return format_html('<a href="{}">{}</a>', url, text if text is not None else obj.pk)
 
 
 def payment_link(payment_id: str):
-    url = reverse("admin:payments_scheduledpayment_change", args=[quote(payment_id)])
+    url = reverse("admin:payments_scheduledpayment_change", args=[id_in_url(payment_id)])
     return format_html('<a href="{}">{}</a>', url, payment_id)
 
 
 def account_cell(account):
-    """The account's owner, linked to the account (its id on hover): the list stays
-    narrow enough to show every column; the detail page has the full ids."""
+    """The account's owner, linked to the account (its id on hover): the confirmation
+    pages stay narrow; the list and the detail page name the account too (party_cell)."""
     owner = account.owner.username if account.owner_id else account.name
-    url = reverse("admin:ledger_account_change", args=[quote(account.pk)])
+    url = reverse("admin:ledger_account_change", args=[id_in_url(account.pk)])
     return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, owner)
+
+
+def party_cell(account):
+    """Which of its owner's accounts: the account's name linked to it, the owner after it
+    ("Savings · alice"); a system account has no owner."""
+    url = reverse("admin:ledger_account_change", args=[id_in_url(account.pk)])
+    if not account.owner_id:
+        return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, account.name)
+    return format_html(
+        '<a href="{}" title="{}">{}</a> <span class="dp-quiet">· {}</span>',
+        url, account.pk, account.name, account.owner.username,
+    )
 
 
 def to_cell(obj):
     """Whom a payment (or recurring payment) pays: an account, or a payee through its rail."""
-    return account_cell(obj.to_account) if obj.to_payee_id is None else payee_cell(obj.to_payee)
+    return party_cell(obj.to_account) if obj.to_payee_id is None else payee_cell(obj.to_payee)
 
 
 def to_detail(obj):
     """The detail page's "to": the account with its id, or the payee with its rail and destination."""
     if obj.to_payee_id is None:
-        return format_html("{} <span class=\"dp-mono\">{}</span>", account_cell(obj.to_account), obj.to_account_id)
+        return format_html("{} <span class=\"dp-mono\">{}</span>", party_cell(obj.to_account), obj.to_account_id)
     return format_html("payout: {} <span class=\"dp-mono\">{}</span>", payee_cell(obj.to_payee), obj.to_payee_id)
+
+
+def from_detail(obj):
+    return format_html("{} <span class=\"dp-mono\">{}</span>", party_cell(obj.from_account), obj.from_account_id)
+
+
+def search_terms(search_term: str) -> tuple[list[str], int]:
+    """The terms of a search (separated by spaces or commas, as pasted from a sheet), at
+    most MAX_SEARCH_TERMS of them, and how many were given."""
+    terms = [t for t in SEARCH_SEPARATORS.split(search_term.strip()) if t]
+    return terms[:MAX_SEARCH_TERMS], len(terms)
+
+
+def accounts_by_prefix(terms: list[str]) -> tuple[list[str], bool]:
+    """Ids of the accounts a term names: by id, by a prefix of the owner's username (the
+    unique index on auth_user.username, varchar_pattern_ops copy, serves LIKE 'x%'), or
+    by a prefix of the account's name (no index: a read of the accounts table, bounded by
+    MAX_PREFIX_ACCOUNTS rows, never of the payments). True when more matched than taken."""
+    if not terms:
+        return [], False
+    by_name = Q()
+    for term in terms:
+        by_name |= Q(owner__username__startswith=term) | Q(name__istartswith=term)
+    exact = list(Account.objects.filter(pk__in=terms).values_list("pk", flat=True))
+    prefixed = list(
+        Account.objects.filter(by_name).order_by().values_list("pk", flat=True)[: MAX_PREFIX_ACCOUNTS + 1]
+    )
+    more = len(prefixed) > MAX_PREFIX_ACCOUNTS
+    return sorted({*exact, *prefixed[:MAX_PREFIX_ACCOUNTS]}), more
+
+
+def payment_admin_search_condition(*, terms: list[str]) -> tuple[Q, bool]:
+    """What the payment list's search matches (any term): a payment id, a recurring id
+    (its occurrences), an account id, or a prefix of an account's name or its owner's
+    username, either side. Accounts are resolved first so the payments are read through
+    payments_from_account_idx and the to_account index; ids through the primary key and
+    payments_recurring_idx."""
+    account_ids, more = accounts_by_prefix(terms)
+    condition = (
+        Q(pk__in=terms)
+        | Q(from_account_id__in=account_ids)
+        | Q(to_account_id__in=account_ids)
+        | Q(recurring_id__in=[t for t in terms if t.startswith("rec_")])
+    )
+    return condition, more
 
 
 def reserved_payout_ids(payment_ids) -> set[str]:
@@ -228,6 +303,248 @@ class FailureReasonFilter(admin.SimpleListFilter):
             # Only FAILED rows carry a reason; saying so lets payments_failed_idx serve it.
             return queryset.filter(status=PaymentStatus.FAILED, failure_reason=self.value())
         return queryset
+
+
+def whole_number(text: str, *, digits: int) -> int | None:
+    """``text`` as a non-negative integer of at most ``digits`` ASCII digits, else None
+    (str.isdigit would take "²", and a longer number would overflow its column)."""
+    return int(text) if re.fullmatch(rf"[0-9]{{1,{digits}}}", text) else None
+
+
+USER_ID_DIGITS = 9  # auth_user.id is an integer
+
+
+def warn_once(request, text: str) -> None:
+    """An admin message about the list's query, said once per request (the changelist
+    may build its queryset more than once; the CSV export says nothing)."""
+    said = request.__dict__.setdefault("_dp_said", set())
+    if text not in said and not getattr(request, "_dp_export", False):
+        said.add(text)
+        messages.warning(request, text)
+
+
+class GivenValueFilter(admin.SimpleListFilter):
+    """A filter on one id given in the URL (as linked from another page): listing every
+    choice would not scale, so the choice is offered only once given."""
+
+    def lookups(self, request, model_admin):
+        return [(self.value(), self.value())] if self.value() else []
+
+    def has_output(self) -> bool:
+        return bool(self.value())
+
+
+class PayerFilter(GivenValueFilter):
+    """Payments one user created (``?payer=<user id>``): the payment page's "payer" links
+    here. Served by payments_payer_idx (payer, execute_at)."""
+
+    title = "payer"
+    parameter_name = "payer"
+
+    def lookups(self, request, model_admin):
+        value = self.value() or ""
+        if not value:
+            return []
+        user_id = whole_number(value, digits=USER_ID_DIGITS)
+        user = get_user_model().objects.filter(pk=user_id).first() if user_id is not None else None
+        return [(value, user.get_username() if user else f"user #{value}")]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        user_id = whole_number(self.value(), digits=USER_ID_DIGITS)
+        if user_id is None:
+            warn_once(request, f"payer={self.value()!r} is not a user id (a number): the payer filter is ignored.")
+            return queryset
+        return queryset.filter(payer_id=user_id)
+
+
+class AccountFilter(GivenValueFilter):
+    """Payments out of or into one account (``?account=<id>``, with ``direction=out|in``;
+    both when no direction). Out: payments_from_account_idx (from_account, execute_at);
+    in: the to_account index."""
+
+    title = "account"
+    parameter_name = "account"
+
+    def queryset(self, request, queryset):
+        account = self.value()
+        if not account:
+            return queryset
+        direction = request.GET.get(DirectionFilter.parameter_name, "")
+        if direction == "out":
+            return queryset.filter(from_account_id=account)
+        if direction == "in":
+            return queryset.filter(to_account_id=account)
+        return queryset.filter(Q(from_account_id=account) | Q(to_account_id=account))
+
+
+class DirectionFilter(admin.SimpleListFilter):
+    """Which side of the account given by ``?account=``: applied by AccountFilter."""
+
+    title = "direction (of the account)"
+    parameter_name = "direction"
+
+    def lookups(self, request, model_admin):
+        return [("out", "Out of the account (it pays)"), ("in", "Into the account (it is paid)")]
+
+    def has_output(self) -> bool:
+        return bool(self._account or self.value())
+
+    def __init__(self, request, params, model, model_admin):
+        self._account = request.GET.get(AccountFilter.parameter_name, "")
+        super().__init__(request, params, model, model_admin)
+
+    def queryset(self, request, queryset):
+        if self.value() and self.value() not in ("out", "in"):
+            warn_once(request, f"direction={self.value()!r}: use out or in; both directions are listed.")
+        elif self.value() and not self._account:
+            warn_once(request, "direction needs an account (?account=<id>&direction=out|in): it is ignored.")
+        return queryset
+
+
+class RecurrenceFilter(admin.SimpleListFilter):
+    """One-off payments or occurrences of a series. Occurrences: payments_recurring_idx
+    (partial, recurring_id IS NOT NULL); one-off: its complement, which no index holds:
+    the list walks the primary key newest first and stops at a page of rows (one-off
+    payments are most of the table); combined with a narrower filter it reads that one's
+    rows."""
+
+    title = "one-off or recurring"
+    parameter_name = "recurrence"
+
+    def lookups(self, request, model_admin):
+        return [("one_off", "One-off"), ("recurring", "Occurrence of a recurring payment")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "one_off":
+            return queryset.filter(recurring__isnull=True)
+        if self.value() == "recurring":
+            return queryset.filter(recurring__isnull=False)
+        return queryset
+
+
+def parse_amount(value: str) -> int | None:
+    text = value.replace(",", "").replace("_", "").strip()
+    return whole_number(text, digits=18)  # amounts are bigint
+
+
+def parse_due(value: str, *, end: bool) -> datetime | None:
+    """A due-date bound: a date (the whole day: ``to`` takes its end) or a date and time,
+    in UTC unless an offset is given; None when it is neither."""
+    text = value.strip()
+    try:
+        if "T" in text or " " in text:
+            moment = parse_datetime(text.replace(" ", "T", 1))
+            return None if moment is None else moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        day = parse_date(text)
+        if day is None:
+            return None
+        start = datetime.combine(day, time.min, tzinfo=UTC)
+        return start + timedelta(days=1) if end else start
+    except (ValueError, OverflowError):  # 2026-02-30; the day after 9999-12-31
+        return None
+
+
+class RangeFilter(admin.ListFilter):
+    """Two bounds given in the URL (``<name>_min``/``<name>_max``, ``due_from``/``due_to``),
+    shown as a small form in the filter sidebar. A bound that does not parse is named in a
+    message and ignored: the list still renders."""
+
+    template = "admin/payments/scheduledpayment/range_filter.html"
+    low: str
+    high: str
+    low_label = "from"
+    high_label = "to"
+    help_text = ""
+
+    def __init__(self, request, params, model, model_admin):
+        super().__init__(request, params, model, model_admin)
+        self.values = {}
+        for name in (self.low, self.high):
+            if name in params:
+                self.values[name] = params.pop(name)[-1]
+        self.other_params = [(k, v) for k, v in request.GET.items() if k not in (self.low, self.high, "p")]
+
+    def has_output(self) -> bool:
+        return True
+
+    def expected_parameters(self):
+        return [self.low, self.high]
+
+    def choices(self, changelist):
+        yield {
+            "low": self.low, "high": self.high, "low_value": self.values.get(self.low, ""),
+            "high_value": self.values.get(self.high, ""), "low_label": self.low_label,
+            "high_label": self.high_label, "help": self.help_text, "other_params": self.other_params,
+            "clear_url": changelist.get_query_string(remove=[self.low, self.high, "p"]),
+            "selected": bool(self.values),
+        }
+
+
+NARROWING_PARAMETERS = ("q", "account", "payer", "payee", "due", "failure_reason", "due_from", "due_to")
+
+
+class AmountFilter(RangeFilter):
+    """An amount range (minor units, both ends included). No index holds amounts, so it
+    narrows a list that another filter already bounds (an account, a payer, a payee, a
+    search, a due-date filter or range, a failure reason, the review queue): alone it
+    would read every payment, and it says so instead."""
+
+    title = "amount"
+    low, high = "amount_min", "amount_max"
+    low_label, high_label = "min", "max"
+    help_text = "minor units, both included"
+
+    def queryset(self, request, queryset):
+        lookups = {}
+        for name, lookup in ((self.low, "amount__gte"), (self.high, "amount__lte")):
+            if self.values.get(name, "").strip():
+                amount = parse_amount(self.values[name])
+                if amount is None:
+                    warn_once(request, f"{name}={self.values[name]!r} is not an amount (a whole number): ignored.")
+                else:
+                    lookups[lookup] = amount
+        if not lookups:
+            return queryset
+        narrowed = any(request.GET.get(name, "").strip() for name in NARROWING_PARAMETERS) or request.GET.get(
+            "status__exact"
+        ) in (PaymentStatus.NEEDS_REVIEW, PaymentStatus.EXECUTING)
+        if not narrowed:
+            warn_once(
+                request,
+                "The amount range narrows a list another filter bounds (an account, a payer, a search, a due-date "
+                "range, ...): on its own it would read every payment. It is not applied.",
+            )
+            return queryset
+        return queryset.filter(**lookups)
+
+
+class DueRangeFilter(RangeFilter):
+    """A due-date range (execute_at; a date is the whole UTC day, ``to`` included), over
+    every status: read through the three partial indexes on execute_at, as the date
+    drill-down (selectors.payment_execute_at_condition)."""
+
+    title = "due date range"
+    low, high = "due_from", "due_to"
+    help_text = "UTC: 2026-12-01 or 2026-12-01 14:00"
+
+    def queryset(self, request, queryset):
+        lookups = {}
+        for name, lookup, end in ((self.low, "execute_at__gte", False), (self.high, "execute_at__lt", True)):
+            if self.values.get(name, "").strip():
+                moment = parse_due(self.values[name], end=end)
+                if moment is None:
+                    warn_once(request, f"{name}={self.values[name]!r} is not a date (2026-12-01) or time: ignored.")
+                else:
+                    lookups[lookup] = moment
+        if not lookups:
+            return queryset
+        if lookups.get("execute_at__gte") and lookups.get("execute_at__lt") and (
+            lookups["execute_at__gte"] >= lookups["execute_at__lt"]
+        ):
+            warn_once(request, "The due-date range ends before it starts: nothing is due in it.")
+        return queryset.filter(payment_execute_at_condition(**lookups))
 
 
 def payout_of(payment) -> Payout | None:
@@ -334,35 +651,140 @@ PAYMENT_ACTS = (
 PAYMENT_ACT = {act.name: act for act in PAYMENT_ACTS}
 
 
-class ExecutionAttemptInline(ReadOnlyAdminMixin, admin.TabularInline):
-    model = ExecutionAttempt
-    fields = ("attempt", "outcome", "started_at", "finished_at", "worker", "error")
-    readonly_fields = fields
-    ordering = ("attempt",)
-    extra = 0
-    can_delete = False
+# A payment's timeline shows at most this many attempts and events (a payment has a few;
+# a re-driven one a few dozen).
+MAX_TIMELINE_ROWS = 500
 
 
-class PaymentEventInline(ReadOnlyAdminMixin, admin.TabularInline):
-    model = PaymentEvent
-    verbose_name_plural = "event history"
-    fields = ("created_at", "kind", "from_status", "to_status", "attempt", "actor", "actor_user", "data")
-    readonly_fields = fields
-    ordering = ("id",)
-    extra = 0
-    can_delete = False
+@dataclass(frozen=True)
+class TimelineEntry:
+    at: datetime
+    what: object  # text or safe HTML
+    actor: str
+    detail: str
 
-    def get_queryset(self, request):
-        return super().get_queryset(request).select_related("actor_user")
+    @property
+    def when(self) -> str:
+        return self.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:23]
 
+
+def _event_detail(event: PaymentEvent) -> str:
+    parts = [f"attempt {event.attempt}"] if event.attempt else []
+    parts += [f"{key}: {value}" for key, value in (event.data or {}).items()]
+    return "; ".join(parts)
+
+
+def _attempt_entry(attempt: ExecutionAttempt) -> TimelineEntry:
+    took = (attempt.finished_at - attempt.started_at).total_seconds() * 1000
+    detail = "; ".join(part for part in (attempt.error, f"took {took:,.0f} ms") if part)
+    outcome = badge(attempt.outcome, ATTEMPT_TONES.get(attempt.outcome, "grey"))
+    return TimelineEntry(attempt.started_at, format_html("attempt {}: {}", attempt.attempt, outcome),
+                         attempt.worker or "-", detail)
+
+
+CLAIM_KINDS = (PaymentEvent.Kind.CLAIMED, PaymentEvent.Kind.RECLAIMED)
+
+
+def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
+    """The payment's events (in the order they were written) with each attempt right after
+    the claim that started it, and what the user may not see of it (events and attempts
+    each need their view permission, as the admin's lists of them). An attempt without its
+    claim among the events goes where its start time puts it."""
+    hidden = []
+    events, attempts = [], {}
+    if staff_may_view(user, PaymentEvent):
+        events = list(
+            PaymentEvent.objects.filter(payment_id=payment.pk).select_related("actor_user").order_by("id")[
+                :MAX_TIMELINE_ROWS
+            ]
+        )
+    else:
+        hidden.append("events")
+    if staff_may_view(user, ExecutionAttempt):
+        rows = ExecutionAttempt.objects.filter(payment_id=payment.pk).order_by("attempt")[:MAX_TIMELINE_ROWS]
+        attempts = {attempt.attempt: attempt for attempt in rows}
+    else:
+        hidden.append("attempts")
+    entries = []
+    for event in events:
+        what = [event.kind]
+        if event.from_status != event.to_status:
+            what += [event.from_status, "→", event.to_status] if event.from_status else ["→", event.to_status]
+        actor = event.actor_user.get_username() if event.actor_user_id else event.actor
+        entries.append(TimelineEntry(event.created_at, " ".join(what), actor, _event_detail(event)))
+        if event.kind in CLAIM_KINDS and event.attempt in attempts:
+            entries.append(_attempt_entry(attempts.pop(event.attempt)))
+    for attempt in attempts.values():  # their claim is not among the events shown
+        later = next((i for i, entry in enumerate(entries) if entry.at > attempt.started_at), len(entries))
+        entries.insert(later, _attempt_entry(attempt))
+    return entries, hidden
+
+
+ATTEMPT_TONES = {
+    ExecutionAttempt.Outcome.EXECUTED: "green",
+    ExecutionAttempt.Outcome.ALREADY_APPLIED: "green",
+    ExecutionAttempt.Outcome.FAILED: "red",
+    ExecutionAttempt.Outcome.ERROR: "amber",
+    ExecutionAttempt.Outcome.UNKNOWN: "amber",
+    ExecutionAttempt.Outcome.PARKED: "purple",
+    ExecutionAttempt.Outcome.STALE: "grey",
+}
+
+
+class PlainIdChangeList(LimitedChangeList):
+    """A changelist whose rows link to ``<id>/change/`` with the id as the API shows it,
+    and that leaves the live refresh's ``refresh`` parameter to the page, not the filters."""
+
+    def get_filters_params(self, params=None):
+        lookup_params = super().get_filters_params(params)
+        lookup_params.pop(REFRESH_PARAMETER, None)
+        return lookup_params
+
+    def url_for_result(self, result):
+        return reverse(
+            f"admin:{self.opts.app_label}_{self.opts.model_name}_change",
+            args=[id_in_url(getattr(result, self.pk_attname))],
+            current_app=self.model_admin.admin_site.name,
+        )
+
+
+class ExportChangeList(PlainIdChangeList):
+    """The changelist's filtered, ordered queryset without its page: the CSV export reads
+    the rows itself, so no count and no page query before the first byte."""
+
+    def get_results(self, request):
+        self.result_count = self.full_result_count = 0
+        self.result_list = []
+        self.can_show_all = self.multi_page = self.show_all = False
+        self.paginator = None
+
+
+# ``?refresh=<seconds>`` reloads the list every so often (a meta refresh: no script).
+REFRESH_PARAMETER = "refresh"
+REFRESH_CHOICES = (10, 30, 60)
+MIN_REFRESH_SECONDS = 5
 
 class PayerToPayeeAdminMixin:
     """What payments and recurring payments show alike: who pays whom (owners linked to
     their accounts), a status badge, and every field of the fieldsets read-only."""
 
     list_select_related = ("from_account__owner", "to_account__owner", "to_payee")
-    from_col = display_column("from_account", account_cell, "from")
+    from_col = display_column("from_account", party_cell, "from")
     status_col = display_column("status", status_badge, "status")
+    amount_col = display_column("amount", money, "amount")
+
+    @admin.display(description="from")
+    def from_detail_col(self, obj):
+        return from_detail(obj)
+
+    @admin.display(description="payer")
+    def payer_col(self, obj):
+        """Whoever created it, linked to everything they created (not to their user page)."""
+        url = reverse("admin:payments_scheduledpayment_changelist")
+        return format_html('<a href="{}?payer={}">{}</a>', url, obj.payer_id, obj.payer.get_username())
+
+    def get_changelist(self, request, **kwargs):
+        return ExportChangeList if getattr(request, "_dp_export", False) else PlainIdChangeList
 
     @admin.display(description="to")
     def to_col(self, obj):
@@ -380,9 +802,11 @@ class PayerToPayeeAdminMixin:
         raise NotImplementedError
 
     def get_search_results(self, request, queryset, search_term):
-        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        terms, given = search_terms(search_term)
         if not terms:
             return queryset, False
+        if given > len(terms):
+            warn_once(request, f"{given} ids or names pasted, the first {len(terms)} searched.")
         return queryset.filter(self.search_condition(terms=terms)), False
 
     def selected_ids(self, request, queryset, *, limit: int, refusal: str) -> list[str] | None:
@@ -393,6 +817,73 @@ class PayerToPayeeAdminMixin:
             self.message_user(request, refusal, messages.ERROR)
             return None
         return ids
+
+
+# The CSV export stops after this many rows and says so in its last row.
+MAX_EXPORT_ROWS = 100_000
+EXPORT_HEADER = (
+    "payment_id", "status", "amount", "from_account", "from_account_name", "from_owner", "to_account",
+    "to_account_name", "to_owner", "to_payee", "rail", "execute_at", "executed_at", "failure_reason",
+    "review_reason", "tries", "next_attempt_at", "recurring_id", "created_at",
+)
+# Parameters that do not choose rows, left out of the export's file name.
+NOT_FILTERS = ("p", "o", "e", REFRESH_PARAMETER)
+
+
+def api_time(value) -> str:
+    """A time as the API renders it: RFC 3339 in UTC with a Z."""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z") if value else ""
+
+
+def spreadsheet_safe(text: str) -> str:
+    """A cell a spreadsheet will not run as a formula (names and usernames are user input)."""
+    return f"'{text}" if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def payment_export_rows(queryset, *, cap: int) -> Iterator[list]:
+    """The CSV's header and a row per payment of ``queryset`` (ids as the API shows them),
+    at most ``cap``; one more row says the export was cut there."""
+    yield list(EXPORT_HEADER)
+    rows = queryset.select_related("from_account__owner", "to_account__owner")[: cap + 1]
+    for count, p in enumerate(rows.iterator(chunk_size=2000), start=1):
+        if count > cap:
+            yield [f"# cut at {cap:,} rows: narrow the filter to export the rest"]
+            return
+        to = p.to_account
+        yield [
+            p.pk, p.status, p.amount, p.from_account_id, spreadsheet_safe(p.from_account.name),
+            spreadsheet_safe(p.from_account.owner.username if p.from_account.owner_id else ""),
+            p.to_account_id or "", spreadsheet_safe(to.name if to else ""),
+            spreadsheet_safe(to.owner.username if to and to.owner_id else ""), p.to_payee_id or "", p.rail,
+            api_time(p.execute_at), api_time(p.executed_at), p.failure_reason, p.review_reason, p.tries,
+            api_time(p.next_attempt_at), p.recurring_id or "", api_time(p.created_at),
+        ]
+
+
+class _Line:
+    """csv.writer's file: hands back each line instead of keeping it."""
+
+    def write(self, line: str) -> str:
+        return line
+
+
+def csv_lines(rows) -> Iterator[str]:
+    writer = csv.writer(_Line())
+    for row in rows:
+        yield writer.writerow(row)
+
+
+def export_filename(params, *, today) -> str:
+    """``payments_<filters>_<date>.csv``: each filter as name-value ("status-FAILED"),
+    reduced to characters safe in a file name."""
+    parts = []
+    for key, value in sorted(params.items()):
+        if key in NOT_FILTERS or not value:
+            continue
+        part = re.sub(r"[^A-Za-z0-9.-]+", "-", f"{key.removesuffix('__exact')}-{value}").strip("-")
+        parts.append(part)
+    name = "_".join(["payments", *parts])[:150]
+    return f"{name}_{today.isoformat()}.csv"
 
 
 @admin.register(ScheduledPayment)
@@ -408,14 +899,17 @@ class ScheduledPaymentAdmin(
         "id",
         "from_col",
         "to_col",
-        "amount",
+        "amount_col",
         "execute_at_col",
         "status_col",
         "attempt",
         "executed_at_col",
         "failure_reason",
     )
-    list_filter = ("status", DueFilter, FailureReasonFilter, KindFilter, RailFilter, PayeeFilter)
+    list_filter = (
+        "status", DueFilter, FailureReasonFilter, KindFilter, RailFilter, PayeeFilter, PayerFilter, AccountFilter,
+        DirectionFilter, RecurrenceFilter, AmountFilter, DueRangeFilter,
+    )
     date_hierarchy = "execute_at"
     # Newest first by id (a ULID: creation order), served by the primary key. Ordering by
     # due time would need a plain (execute_at, id) index, which the claim must not have
@@ -429,45 +923,155 @@ class ScheduledPaymentAdmin(
         """Newest first, except where the operator looks at due times: a due filter lists
         the oldest due first and a failure reason the latest failures first. Those orders
         are also what their indexes serve; newest-first by id there would walk the primary
-        key past every row the filter does not hold."""
+        key past every row the filter does not hold. A payer's or an account's outgoing
+        payments: latest due first, as payments_payer_idx and payments_from_account_idx hold them."""
         if request.GET.get(DueFilter.parameter_name) in DueFilter.CONDITIONS:
             return ("execute_at", "id")
         if request.GET.get(FailureReasonFilter.parameter_name) in FailureReason.values:
             return ("-execute_at", "-id")
         if request.GET.get("status__exact") == PaymentStatus.NEEDS_REVIEW:
             return ("updated_at", "id")  # the review queue: longest waiting first (payments_review_idx)
+        if whole_number(request.GET.get(PayerFilter.parameter_name, ""), digits=USER_ID_DIGITS) is not None or (
+            request.GET.get(AccountFilter.parameter_name) and request.GET.get(DirectionFilter.parameter_name) == "out"
+        ):
+            return ("-execute_at", "-id")
+        if request.GET.get(DueRangeFilter.low) or request.GET.get(DueRangeFilter.high):
+            return ("execute_at", "id")
         return super().get_ordering(request)
+
     search_fields = ("id",)  # shows the box; get_search_results does the matching
-    search_help_text = "Exact payment id, account id or account owner's username; several separated by spaces."
+    search_help_text = (
+        "Exact payment, recurring or account ids, or the start of a username or account name; several separated by "
+        f"spaces or commas (at most {MAX_SEARCH_TERMS})."
+    )
     actions = ["cancel_selected", "redrive_selected", "resolve_selected"]
-    inlines = [ExecutionAttemptInline, PaymentEventInline]
+    # Attempts and events: one timeline under the first section (change_form.html), not inlines.
+    inlines = []
     fieldsets = (
-        ("Payment", {"fields": ("id", "payer", "from_account", "to_detail_col", "amount", "execute_at")}),
+        (
+            "What happened",
+            {
+                "fields": (
+                    "status_col", "amount_col", "from_detail_col", "to_detail_col", "payer_col", "execute_at_detail",
+                    "executed_at_detail", "failure_reason", "review_reason", "next_attempt_at_detail",
+                )
+            },
+        ),
         (
             "Schedule",
-            {"fields": ("requested_execute_at", "jitter_seconds", "expires_after", "recurring", "occurrence_at")},
+            {"fields": ("requested_execute_at", "jitter_seconds", "expires_after", "recurring_col", "occurrence_at")},
         ),
         (
             "State",
-            {
-                "fields": (
-                    "status_col",
-                    "failure_reason",
-                    "review_reason",
-                    "attempt",
-                    "tries",
-                    "next_attempt_at",
-                    "lease_until",
-                    "claimed_at",
-                    "executed_at",
-                    "cancelled_at",
-                    "version",
-                )
-            },
+            {"fields": ("attempt", "tries", "lease_until", "claimed_at", "cancelled_at", "version")},
         ),
         ("Ledger", {"fields": ("ledger_transfer", "staff_actions")}),
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
+
+    execute_at_detail = display_column("execute_at", utc_text, "due (UTC)")
+    executed_at_detail = display_column("executed_at", utc_text, "executed (UTC)")
+    next_attempt_at_detail = display_column("next_attempt_at", utc_text, "next attempt (UTC)")
+
+    @admin.display(description="recurring payment")
+    def recurring_col(self, obj):
+        return admin_link(obj.recurring) if obj.recurring_id else "-"
+
+    def get_search_results(self, request, queryset, search_term):
+        terms, given = search_terms(search_term)
+        if not terms:
+            return queryset, False
+        if given > len(terms):
+            warn_once(request, f"{given} ids or names pasted, the first {len(terms)} searched.")
+        condition, more = payment_admin_search_condition(terms=terms)
+        if more:
+            warn_once(
+                request,
+                f"The names given start more than {MAX_PREFIX_ACCOUNTS} accounts' names or usernames: the first "
+                f"{MAX_PREFIX_ACCOUNTS} accounts are searched. Type more of the name.",
+            )
+        return queryset.filter(condition), False
+
+    # --- the list: saved views, "as of", live refresh, CSV export --------------------------
+
+    def saved_views(self) -> list[tuple[str, str]]:
+        url = reverse("admin:payments_scheduledpayment_changelist")
+        return [
+            ("Failed, due today", f"{url}?status__exact={PaymentStatus.FAILED}&due=today"),
+            ("Parked (needs review)", f"{url}?status__exact={PaymentStatus.NEEDS_REVIEW}"),
+            ("Overdue", f"{url}?due=overdue"),
+            ("Due in the next hour", f"{url}?due=next_hour"),
+        ]
+
+    def refuse_nul(self, request):
+        """A query parameter with a NUL byte: PostgreSQL text cannot hold one (psycopg
+        would raise), so the list is shown without the parameters, saying why."""
+        if any("\x00" in text for key, values in request.GET.lists() for text in (key, *values)):
+            messages.error(request, "A query parameter held a NUL character; the list is shown unfiltered.")
+            return HttpResponseRedirect(reverse("admin:payments_scheduledpayment_changelist"))
+        return None
+
+    def changelist_view(self, request, extra_context=None):
+        refused = self.refuse_nul(request)
+        if refused is not None:
+            return refused
+        refresh_text = request.GET.get(REFRESH_PARAMETER, "")
+        refresh = whole_number(refresh_text, digits=4) or 0
+        if refresh_text and not MIN_REFRESH_SECONDS <= refresh <= 3600:
+            warn_once(request, f"refresh={refresh_text!r}: give seconds from {MIN_REFRESH_SECONDS} to 3600. "
+                               "The list is not refreshed.")
+            refresh = 0
+        kept = request.GET.copy()
+        for name in ("p", REFRESH_PARAMETER, "e"):
+            kept.pop(name, None)
+        query = kept.urlencode()
+        here = request.path
+        context = {
+            "as_of": timezone.now().astimezone(UTC).strftime("%H:%M:%S"),
+            "refresh": refresh,
+            "refresh_links": [
+                (seconds, f"{here}?{query}&{REFRESH_PARAMETER}={seconds}" if query else
+                 f"{here}?{REFRESH_PARAMETER}={seconds}")
+                for seconds in REFRESH_CHOICES
+            ],
+            "refresh_off_url": f"{here}?{query}" if query else here,
+            "saved_views": self.saved_views(),
+            "export_url": reverse("admin:payments_scheduledpayment_export") + (f"?{query}" if query else ""),
+            "export_cap": MAX_EXPORT_ROWS,
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, context)
+
+    def get_urls(self):
+        export = path(
+            "export/", self.admin_site.admin_view(self.export_view), name="payments_scheduledpayment_export"
+        )
+        return [export, *super().get_urls()]
+
+    def export_view(self, request):
+        """The list as CSV: the rows of the filtered, ordered changelist (the same query
+        string), streamed, at most MAX_EXPORT_ROWS (a last row says where it was cut)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        refused = self.refuse_nul(request)
+        if refused is not None:
+            return refused
+        request._dp_export = True
+        changelist_url = reverse("admin:payments_scheduledpayment_changelist")
+        try:
+            changelist = self.get_changelist_instance(request)
+        except IncorrectLookupParameters:
+            messages.error(request, "The export's filters are not ones the list knows; nothing was exported.")
+            return HttpResponseRedirect(changelist_url)
+        queryset = changelist.queryset
+        response = StreamingHttpResponse(
+            csv_lines(payment_export_rows(queryset, cap=MAX_EXPORT_ROWS)), content_type="text/csv; charset=utf-8"
+        )
+        filename = export_filename(request.GET, today=timezone.now().astimezone(UTC).date())
+        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+        response["X-Row-Cap"] = str(MAX_EXPORT_ROWS)
+        response["Cache-Control"] = "no-store"
+        return response
 
     # A payout's record at its rail and its reserve: only on a payout's page.
     rail_fieldset = (
@@ -536,7 +1140,6 @@ class ScheduledPaymentAdmin(
             pending.credit_account_id, pending.created_at.isoformat(), resolved,
         )
 
-    search_condition = staticmethod(payment_search_condition)
 
     # --- cancel, re-drive, resolve: a confirmation page, then the service on each --------
 
@@ -627,15 +1230,19 @@ class ScheduledPaymentAdmin(
         return not form.errors
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
-        context["can_cancel"] = (
-            obj is not None
-            and obj.status in PAYMENT_ACT["cancel"].eligible
-            and self.has_cancel_permission(request, obj)
-            and not (obj.is_payout and reserved_payout_ids([obj.pk]))
-        )
-        context["can_review"] = (
-            obj is not None and obj.status == PaymentStatus.NEEDS_REVIEW and self.has_redrive_permission(request, obj)
-        )
+        if obj is not None:
+            can_cancel = (
+                obj.status in PAYMENT_ACT["cancel"].eligible
+                and self.has_cancel_permission(request, obj)
+                and not (obj.is_payout and reserved_payout_ids([obj.pk]))
+            )
+            can_review = obj.status == PaymentStatus.NEEDS_REVIEW and self.has_redrive_permission(request, obj)
+            allowed = ["cancel"] * can_cancel + ["redrive", "resolve"] * can_review
+            context["act_urls"] = {
+                name: reverse(f"admin:payments_scheduledpayment_{name}", args=[id_in_url(obj.pk)]) for name in allowed
+            }
+            context["history_url"] = reverse("admin:payments_scheduledpayment_history", args=[id_in_url(obj.pk)])
+            context["timeline"], context["timeline_hidden"] = payment_timeline(user=request.user, payment=obj)
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
     @admin.display(description="staff actions")
@@ -698,7 +1305,7 @@ class RecurringPaymentAdmin(
     ActionPermissionAdminMixin, PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin
 ):
     list_display = (
-        "id", "from_col", "to_col", "amount", "rule_col", "status_col", "next_occurrence_at_col", "created_at_col"
+        "id", "from_col", "to_col", "amount_col", "rule_col", "status_col", "next_occurrence_at_col", "created_at_col"
     )
     list_filter = ("status",)
     ordering = ("-created_at", "-id")
@@ -709,9 +1316,12 @@ class RecurringPaymentAdmin(
     actions = ["pause_selected", "resume_selected"]
     inlines = [OccurrenceInline, RecurringEventInline]
     fieldsets = (
-        ("Recurring payment", {"fields": ("id", "payer", "from_account", "to_detail_col", "amount")}),
+        (
+            "Recurring payment",
+            {"fields": ("id", "status_col", "payer_col", "from_detail_col", "to_detail_col", "amount_col")},
+        ),
         ("Rule", {"fields": ("start_at", "rule_col", "end_at", "count", "last_at")}),
-        ("State", {"fields": ("status_col", "next_occurrence_at", "last_occurrence_at", "version", "occurrences_col")}),
+        ("State", {"fields": ("next_occurrence_at", "last_occurrence_at", "version", "occurrences_col")}),
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
 

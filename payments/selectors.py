@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection
 from django.db.models import (
@@ -260,6 +260,59 @@ def recent_outcomes(*, seconds: int = 3600) -> RecentOutcomes:
             else:
                 failed[reason] = failed.get(reason, 0) + n
     return RecentOutcomes(executed, failed)
+
+
+@dataclass(frozen=True)
+class OutcomeSlot:
+    start: datetime
+    executed: int
+    failed: int
+    cancelled: int
+
+
+@dataclass(frozen=True)
+class LatenessSlot:
+    start: datetime
+    p50_seconds: float | None  # None: nothing executed in the slot
+    p99_seconds: float | None
+    executed: int
+
+
+def _history_start(*, bucket_seconds: int, slots: int) -> datetime:
+    with connection.cursor() as cur:
+        cur.execute(sql.HISTORY_START, {"bucket": bucket_seconds, "slots": slots})
+        return cur.fetchone()[0]
+
+
+def outcomes_history(*, bucket_seconds: int = 600, slots: int = 144) -> list[OutcomeSlot]:
+    """Executed, failed and cancelled payments in each of the last ``slots`` slots of
+    ``bucket_seconds`` (the current one included, zeros included), from the event log."""
+    start = _history_start(bucket_seconds=bucket_seconds, slots=slots)
+    counts: dict[tuple[int, str], int] = {}
+    with connection.cursor() as cur:
+        cur.execute(sql.OUTCOMES_HISTORY, {"start": start, "bucket": bucket_seconds})
+        for slot, kind, n in cur.fetchall():
+            counts[(slot, kind)] = n
+    step = timedelta(seconds=bucket_seconds)
+    return [
+        OutcomeSlot(start + i * step, counts.get((i, "executed"), 0), counts.get((i, "failed"), 0),
+                    counts.get((i, "cancelled"), 0))
+        for i in range(slots)
+    ]
+
+
+def lateness_history(*, bucket_seconds: int = 60, slots: int = 1440) -> list[LatenessSlot]:
+    """Execution lateness (executed_at - execute_at) p50 and p99 in each of the last
+    ``slots`` slots of ``bucket_seconds``, by when the payment executed."""
+    start = _history_start(bucket_seconds=bucket_seconds, slots=slots)
+    with connection.cursor() as cur:
+        cur.execute(sql.LATENESS_HISTORY, {"start": start, "bucket": bucket_seconds})
+        found = {slot: (p50, p99, n) for slot, p50, p99, n in cur.fetchall()}
+    step = timedelta(seconds=bucket_seconds)
+    return [
+        LatenessSlot(start + i * step, *found.get(i, (None, None, 0)))
+        for i in range(slots)
+    ]
 
 
 @dataclass(frozen=True)

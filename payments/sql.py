@@ -326,14 +326,18 @@ SELECT count(*) FILTER (WHERE lease_until >= now()), count(*) FILTER (WHERE leas
 """
 
 
-# SCHEDULED payments due in each of the next %s minutes, zeros included.
+# SCHEDULED payments due in each of the next %s minutes, zeros included. Each minute is
+# one range of payments_due_idx, whose predicate the join repeats (next_attempt_at IS
+# NULL: a retry's execute_at is already past, so it never falls in these minutes anyway).
+# Without it no partial index applies and the planner walked a whole index per minute
+# (965 ms at a million payments; 0.3 ms with it).
 DUE_BY_MINUTE = """
 SELECT m.minute, count(p.id)
   FROM generate_series(date_trunc('minute', now()),
                        date_trunc('minute', now()) + make_interval(mins => %s - 1),
                        interval '1 minute') AS m(minute)
   LEFT JOIN payments_scheduledpayment p
-    ON p.status = 'SCHEDULED'
+    ON p.status = 'SCHEDULED' AND p.next_attempt_at IS NULL
    AND p.execute_at >= greatest(m.minute, now()) AND p.execute_at < m.minute + interval '1 minute'
  GROUP BY m.minute ORDER BY m.minute
 """
@@ -345,6 +349,40 @@ SELECT kind, coalesce(data->>'failure_reason', ''), count(*)
   FROM payments_paymentevent
  WHERE created_at >= now() - make_interval(secs => %s) AND kind IN ('executed', 'failed')
  GROUP BY 1, 2
+"""
+
+
+# The dashboard's 24 h history (payments/dashboard.py). HISTORY_START: the first slot of
+# the window, on a slot boundary, ``slots`` slots before the current one (which it
+# includes); %(bucket)s: the slot's width in seconds. The two readings take that start
+# as a constant and read only the window's events through payments_event_created_idx
+# (created_at): the event log is append-only, so the window is one range at that index's
+# right edge.
+HISTORY_START = """
+SELECT date_bin(make_interval(secs => %(bucket)s), now(), timestamptz '2000-01-01')
+       - make_interval(secs => %(bucket)s * (%(slots)s - 1))
+"""
+
+# Executed, failed and cancelled payments per slot (each payment has exactly one such event).
+OUTCOMES_HISTORY = """
+SELECT floor(extract(epoch FROM created_at - %(start)s) / %(bucket)s)::int AS slot, kind, count(*)
+  FROM payments_paymentevent
+ WHERE created_at >= %(start)s AND kind IN ('executed', 'failed', 'cancelled')
+ GROUP BY 1, 2
+"""
+
+# Execution lateness (executed_at - execute_at, as the delaypay_execution_lateness_seconds
+# histogram) per slot: p50, p99 and how many, over the window's executed events, each
+# joined to its payment by primary key.
+LATENESS_HISTORY = """
+SELECT floor(extract(epoch FROM e.created_at - %(start)s) / %(bucket)s)::int AS slot,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.executed_at - p.execute_at))::float8,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.executed_at - p.execute_at))::float8,
+       count(*)
+  FROM payments_paymentevent e
+  JOIN payments_scheduledpayment p ON p.id = e.payment_id
+ WHERE e.created_at >= %(start)s AND e.kind = 'executed' AND p.executed_at IS NOT NULL
+ GROUP BY 1
 """
 
 

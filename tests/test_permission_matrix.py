@@ -279,8 +279,11 @@ ROUTES: dict[str, Admin] = {
     "healthz": Admin((), public=True),
     "readyz": Admin((), public=True, ok=(200, 503)),  # 503 until a promoter has ticked
     "metrics": Admin((), public=True),  # guarded by DELAYPAY_METRICS_TOKEN when set, not by role
+    "favicon": Admin((), public=True),  # the console's icon, asked for by every page
     "admin-dashboard": Admin((VIEW_PAYMENT,)),
     "admin-limits": Admin((VIEW_PAYMENT,)),
+    # The payment list as CSV (the same filters as the list): reading, so the view permission.
+    "admin:payments_scheduledpayment_export": Admin((VIEW_PAYMENT,)),
     "admin:payments_scheduledpayment_cancel": Admin(
         (VIEW_PAYMENT, "payments.cancel_scheduledpayment"), methods=("POST",), target="payment"
     ),

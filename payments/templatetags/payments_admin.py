@@ -84,3 +84,11 @@ def span_date_hierarchy_tag(parser, token):
     return InclusionAdminNode(
         parser, token, func=span_date_hierarchy, template_name="date_hierarchy.html", takes_context=False
     )
+
+
+@register.filter(name="plain_id")
+def plain_id(pk) -> str:
+    """An id as admin URLs carry it in the console: as the API shows it (payments/admin_rails.py)."""
+    from payments.admin_rails import id_in_url  # on use: loading a template library must not load the admin
+
+    return id_in_url(pk)

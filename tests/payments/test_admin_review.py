@@ -26,7 +26,7 @@ def change_url(payment) -> str:
 
 
 def act_url(payment, act: str) -> str:
-    return reverse(f"admin:payments_scheduledpayment_{act}", args=[quote(payment.pk)])
+    return reverse(f"admin:payments_scheduledpayment_{act}", args=[payment.pk])  # as the page links it
 
 
 def messages_of(response) -> list[str]:
@@ -89,8 +89,8 @@ def test_the_dashboard_counts_the_queue(auditor_user, parked):
 def test_the_payment_page_shows_tries_next_attempt_and_review_reason(support_user, parked):
     response = admin_client_for(support_user).get(change_url(parked[0]))
     html = response.content.decode()
-    for label in ("tries", "next attempt at", "review reason"):
-        assert f">{label.capitalize()}:<" in html, label
+    for label in ("Tries", "Next attempt (UTC)", "Review reason"):
+        assert f">{label}:<" in html, label
     assert "attempts_exhausted" in html
     assert f'href="{act_url(parked[0], "redrive")}"' in html
     assert f'href="{act_url(parked[0], "resolve")}"' in html
