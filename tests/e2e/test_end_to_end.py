@@ -91,7 +91,11 @@ def test_duplicate_and_stale_messages_through_the_broker_move_money_once(celery_
     ]
 
 
-@pytest.mark.parametrize("celery_stack", [{"DELAYPAY_MIN_RECURRING_INTERVAL": "1"}], indirect=True)
+# DEBUG: each promoter's log then has Celery's line for every tick it ran (at INFO those
+# per-second lines are demoted and dropped, delaypay/logs.py TickLinesAtDebug).
+@pytest.mark.parametrize(
+    "celery_stack", [{"DELAYPAY_MIN_RECURRING_INTERVAL": "1", "DELAYPAY_LOG_LEVEL": "DEBUG"}], indirect=True
+)
 def test_a_short_interval_recurring_payment_runs_each_occurrence_once_under_two_promoters(celery_stack, settings):
     """The real stack with two beats (two ticks a second) and two promoters generating
     and claiming at once: every occurrence becomes exactly one payment, executes once,
