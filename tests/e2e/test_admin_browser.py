@@ -147,3 +147,96 @@ def test_back_and_submit_again_deposits_once(live_server, browser_settings, tmp_
     assert Account.objects.get(pk=account.pk).balance == 2500
     assert Transfer.objects.filter(credit_account_id=account.pk).count() == 1
     assert StaffAction.objects.get(account_id=account.pk).reason == "opening balance"
+
+
+def log_in(page, user) -> None:
+    page.goto("/admin/")
+    page.fill("#id_username", user.username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    expect(page.locator("#user-tools")).to_contain_text(user.username)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staff_export_the_failed_list_as_csv(live_server, browser_settings, tmp_path):
+    """The failed list, filtered in the browser, leaves as a CSV of exactly those rows,
+    named after the filter."""
+    from payments.promoter import claim_due
+    from payments.worker import run_batch
+    from tests.factories import due_payment
+
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    poor, target = funded_account(balance=5), funded_account()
+    failed = due_payment(source=poor, target=target, amount=50)
+    future_payment(source=poor, target=target, minutes=30)  # scheduled: not in the export
+    claim = claim_due(batch=10, lease_seconds=60)
+    run_batch(claim.fresh, worker="test")
+
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        page.goto(reverse("admin:payments_scheduledpayment_changelist"))
+        page.locator("#changelist-filter").get_by_role("link", name="Failed", exact=True).click()
+        page.wait_for_url("**status__exact=FAILED**")
+        expect(page.locator("#result_list tbody tr")).to_have_count(1)
+        with page.expect_download() as download:
+            page.click("#dp-export")
+        path = tmp_path / "export.csv"
+        download.value.save_as(path)
+        name = download.value.suggested_filename
+
+    assert name.startswith("payments_") and "status-FAILED" in name and name.endswith(".csv"), name
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2, lines  # the header and the failed payment
+    assert failed.pk in lines[1] and "insufficient_funds" in lines[1]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staff_freeze_an_account_from_its_page_with_a_reason(live_server, browser_settings, tmp_path):
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    account = funded_account(balance=10)
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        page.goto(reverse("admin:ledger_account_change", args=[quote(account.pk)]))
+        page.click("#dp-freeze")
+        # The confirmation page asks why; nothing changes before its submit.
+        page.fill("#id_reason", "suspected account takeover")
+        page.locator('input[name="_freeze"]').click()
+        expect(page.locator(".messagelist .success")).to_contain_text("Frozen")
+        expect(page.locator("#dp-unfreeze")).to_be_visible()
+        page.screenshot(path=tmp_path / "account-frozen.png", full_page=True)
+
+    account.refresh_from_db()
+    assert account.status == Account.Status.FROZEN
+    action = StaffAction.objects.get(account_id=account.pk)
+    assert (action.action, action.reason, action.actor_id) == ("freeze", "suspected account takeover", staff.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staff_investigate_a_failed_payment_from_the_dashboard(live_server, browser_settings, tmp_path):
+    """Dashboard -> the last hour's failures by reason -> the failed event -> its payment,
+    whose page says at the top what happened and who was involved."""
+    from payments.promoter import claim_due
+    from payments.worker import run_batch
+    from tests.factories import due_payment
+
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    poor, target = funded_account(balance=5), funded_account()
+    failed = due_payment(source=poor, target=target, amount=50)
+    claim = claim_due(batch=10, lease_seconds=60)
+    run_batch(claim.fresh, worker="test")
+
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        page.goto(reverse("admin-dashboard"))
+        page.click("#dp-failed-insufficient_funds")
+        rows = page.locator("#result_list tbody tr")
+        expect(rows).to_have_count(1)
+        rows.first.get_by_role("link", name=failed.pk).click()
+        page.wait_for_url(f"**/{failed.pk}/change/**")
+        expect(page.locator(".dp-badge").first).to_have_text("FAILED")
+        expect(page.locator("#content")).to_contain_text("insufficient_funds")
+        expect(page.locator("#content")).to_contain_text(poor.owner.username)
+        # The timeline holds the attempt and the event that ended it.
+        expect(page.locator("#dp-timeline tr", has_text="EXECUTING → FAILED")).to_be_visible()
+        expect(page.locator("#dp-timeline tr", has_text="attempt 1: failed")).to_be_visible()
+        page.screenshot(path=tmp_path / "payment-failed.png", full_page=True)
