@@ -18,7 +18,7 @@ from common.ids import new_id
 
 from . import sql
 from .models import ISSUANCE_ACCOUNT_ID, Account, DepositFormToken, DepositRequest, PendingTransfer, StaffAction
-from .selectors import transfer_by_key
+from .selectors import transfer_by_key, transfer_times
 
 
 class Outcome(StrEnum):
@@ -644,12 +644,7 @@ def ledger_resolve_pending(*, keys: Sequence[str], post: bool) -> dict[str, Post
         raise AccountStateError(f"the ledger refused {refused}")
     out = {p.key[len(prefix):]: results[p.key] for p in postings}
     if rest:
-        for key, posted_at in transfer_times_for([prefix + k for k in rest]).items():
+        for key, posted_at in transfer_times(keys=[prefix + k for k in rest]).items():
             out[key[len(prefix):]] = PostResult(Outcome.ALREADY_APPLIED, posted_at)
     return out
 
-
-def transfer_times_for(keys: Sequence[str]) -> dict[str, datetime]:
-    with connection.cursor() as cur:
-        cur.execute(sql.TRANSFER_TIMES, [list(keys)])
-        return dict(cur.fetchall())

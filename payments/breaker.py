@@ -40,8 +40,8 @@ BURST_SECONDS = 1.25
 
 
 def _locked_state(rail: str) -> RailState:
-    RailState.objects.get_or_create(rail=rail)
-    return RailState.objects.select_for_update().get(rail=rail)
+    """The rail's row, locked (one SELECT ... FOR UPDATE; created if a rail has none yet)."""
+    return RailState.objects.select_for_update().get_or_create(rail=rail)[0]
 
 
 def _set(state: RailState, breaker: str, now: datetime) -> None:

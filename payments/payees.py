@@ -69,7 +69,7 @@ def payout_pending(payment_id: str) -> Payout | None:
     return Payout.objects.filter(payment_id=payment_id, state=PayoutState.PENDING).first()
 
 
-def payout_resolve_failed(*, payment_id: str, actor, reason: str) -> bool:
+def payout_resolve_failed(*, payout: Payout, actor, reason: str) -> bool:
     """Resolve as failed a parked payout whose funds are reserved: ask its rail first
     (no transaction held). Nothing at the rail (or declined there): void the reserve
     (money back to the payer) and FAILED(resolved_by_staff), in one transaction. Paid at
@@ -77,9 +77,7 @@ def payout_resolve_failed(*, payment_id: str, actor, reason: str) -> bool:
     records it EXECUTED). No answer: ``RailUnavailable``. Returns True when this call
     resolved it; False when it was no longer parked with a reserve (the caller then
     answers from the payment as it is)."""
-    payout = payout_pending(payment_id)
-    if payout is None:
-        return False
+    payment_id = payout.payment_id
     found = get_rail(payout.rail).lookup(key=payment_id)
     if isinstance(found, Paid):
         raise PayoutPaidAtRail(found.reference)

@@ -47,6 +47,17 @@ class Claim:
     def __len__(self) -> int:
         return len(self.fresh) + len(self.reclaimed)
 
+    def add_rows(self, rows) -> None:
+        """The rows a claim statement returned: (id, attempt, previous status, lateness, started)."""
+        for payment_id, attempt, previous, lateness, started in rows:
+            if previous == "SCHEDULED":
+                self.fresh.append((payment_id, attempt))
+                self.dispatch_lateness.append(lateness)
+            else:
+                self.reclaimed.append((payment_id, attempt))
+                if started:
+                    self.started.add((payment_id, attempt))
+
 
 @dataclass
 class TickResult:
@@ -72,14 +83,7 @@ def claim_due(*, batch: int, lease_seconds: float, actor: str = "promoter") -> C
     claim = Claim()
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(sql.CLAIM_DUE, claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor))
-        for payment_id, attempt, previous, lateness, started in cur.fetchall():
-            if previous == "SCHEDULED":
-                claim.fresh.append((payment_id, attempt))
-                claim.dispatch_lateness.append(lateness)
-            else:
-                claim.reclaimed.append((payment_id, attempt))
-                if started:
-                    claim.started.add((payment_id, attempt))
+        claim.add_rows(cur.fetchall())
     return claim
 
 
@@ -93,12 +97,7 @@ def claim_payouts(*, rail: str, batch: int, lease_seconds: float, actor: str = "
             cur.execute(sql.CLAIM_PAYOUTS_DUE, {
                 **claim_params(batch=allowance, lease_seconds=lease_seconds, actor=actor), "rail": rail,
             })
-            for payment_id, attempt, previous, lateness, _started in cur.fetchall():
-                if previous == "SCHEDULED":
-                    claim.fresh.append((payment_id, attempt))
-                    claim.dispatch_lateness.append(lateness)
-                else:
-                    claim.reclaimed.append((payment_id, attempt))
+            claim.add_rows(cur.fetchall())
         breaker.spend(state, len(claim))
     return claim
 

@@ -62,7 +62,7 @@ def _with_attempts(qs: QuerySet[ScheduledPayment], *, user) -> QuerySet[Schedule
     attempts = ExecutionAttempt.objects.order_by("attempt")
     if staff_may_view(user, ScheduledPayment) and not staff_may_view(user, ExecutionAttempt):
         attempts = attempts.filter(Q(payment__payer=user) | Q(payment__from_account__owner=user))
-    return qs.prefetch_related(Prefetch("attempts", queryset=attempts))
+    return qs.prefetch_related(Prefetch("attempts", queryset=attempts), "payout")  # a page's payouts in one query
 
 
 def payment_get(*, user, payment_id: str) -> ScheduledPayment:

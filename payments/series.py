@@ -26,6 +26,8 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
+from ledger.models import Account
+
 from . import limits, metrics, sql
 from .exceptions import (
     PaymentValidationError,
@@ -251,7 +253,7 @@ def recurring_create(
         elif to_account_id is not None and to_payee_id is not None:
             errors.setdefault("to_payee", []).append("Give to_account or to_payee, not both.")
         elif to_payee_id is not None:
-            check_source(payer=payer, from_account_id=from_account_id, errors=errors)
+            check_source(payer=payer, source=Account.objects.filter(pk=from_account_id).first(), errors=errors)
             check_payee(payer=payer, to_payee_id=to_payee_id, errors=errors)
         else:
             check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)

@@ -28,11 +28,9 @@ from .models import (
     Payee,
     PaymentEvent,
     PaymentStatus,
-    Payout,
-    PayoutState,
     ScheduledPayment,
 )
-from .payees import payout_resolve_failed
+from .payees import payout_pending, payout_resolve_failed
 
 MAX_JITTER_SECONDS = 3600
 MAX_EXPIRES_AFTER = timedelta(days=365)
@@ -71,11 +69,7 @@ def check_accounts(*, payer, from_account_id: str, to_account_id: str, errors: d
     if from_account_id == to_account_id:
         errors.setdefault("to_account", []).append("Must differ from from_account.")
     accounts = {a.id: a for a in Account.objects.filter(pk__in=[from_account_id, to_account_id])}
-    source = accounts.get(from_account_id)
-    if source is None or source.owner_id != payer.pk:
-        errors.setdefault("from_account", []).append("No such account of yours.")
-    elif source.status != Account.Status.ACTIVE:
-        errors.setdefault("from_account", []).append(f"The account is {source.status}.")
+    check_source(payer=payer, source=accounts.get(from_account_id), errors=errors)
     target = accounts.get(to_account_id)
     if target is None:
         errors.setdefault("to_account", []).append("No such account.")
@@ -92,9 +86,8 @@ def check_payee(*, payer, to_payee_id: str, errors: dict[str, list[str]]) -> str
     return payee.rail
 
 
-def check_source(*, payer, from_account_id: str, errors: dict[str, list[str]]) -> None:
-    """The payer owns the active source account (a payout's only account)."""
-    source = Account.objects.filter(pk=from_account_id).first()
+def check_source(*, payer, source: Account | None, errors: dict[str, list[str]]) -> None:
+    """The payer owns the active source account (``None``: no such account)."""
     if source is None or source.owner_id != payer.pk:
         errors.setdefault("from_account", []).append("No such account of yours.")
     elif source.status != Account.Status.ACTIVE:
@@ -186,7 +179,7 @@ def payment_schedule(
         elif to_account_id is not None and to_payee_id is not None:
             errors.setdefault("to_payee", []).append("Give to_account or to_payee, not both.")
         elif to_payee_id is not None:
-            check_source(payer=payer, from_account_id=from_account_id, errors=errors)
+            check_source(payer=payer, source=Account.objects.filter(pk=from_account_id).first(), errors=errors)
             rail = check_payee(payer=payer, to_payee_id=to_payee_id, errors=errors)
         else:
             check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
@@ -438,11 +431,12 @@ def payment_resolve(
     _check_review_reason(reason, errors)
     if errors:
         raise PaymentValidationError(errors)
-    if payouts_reserved(payment_id):
+    payout = payout_pending(payment_id)
+    if payout is not None:
         # A parked payout with its funds reserved: its rail decides (payments/payees.py).
         with transaction.atomic():
             _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])
-        if payout_resolve_failed(payment_id=payment_id, actor=actor, reason=reason):
+        if payout_resolve_failed(payout=payout, actor=actor, reason=reason):
             return ReviewOutcome(ScheduledPayment.objects.get(pk=payment_id), changed_now=True)
     with transaction.atomic(), connection.cursor() as cur:
         _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])
@@ -462,10 +456,6 @@ def payment_resolve(
     if payment.status == PaymentStatus.FAILED and payment.failure_reason == FailureReason.RESOLVED_BY_STAFF:
         return ReviewOutcome(payment, changed_now=False)
     raise PaymentNotInReview(payment.status)
-
-
-def payouts_reserved(payment_id: str) -> bool:
-    return Payout.objects.filter(payment_id=payment_id, state=PayoutState.PENDING).exists()
 
 
 def heartbeat_record(*, name: str, value: int = 0) -> None:

@@ -379,8 +379,11 @@ class PaymentSerializer(serializers.ModelSerializer):
     def get_payout(self, obj) -> dict | None:
         if obj.to_payee_id is None:
             return None
-        payout = Payout.objects.filter(pk=obj.pk).first()
-        return PayoutSerializer(payout).data if payout else None
+        try:
+            payout = obj.payout  # the reverse one-to-one: cached when the query selected it
+        except Payout.DoesNotExist:
+            return None
+        return PayoutSerializer(payout).data
 
     @extend_schema_field(
         StrictDateTimeField(
