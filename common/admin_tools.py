@@ -6,6 +6,7 @@ through services (cancel, freeze, deposit). Nothing here edits a row by hand.
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 
 from django import forms
@@ -16,16 +17,19 @@ from django.contrib.admin.views.main import ChangeList
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import get_script_prefix, path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 # Changelists count at most this many rows exactly; past it they show the planner's
 # estimate, so no page of a large table waits on a COUNT(*) that reads every row.
 EXACT_COUNT_LIMIT = 10_000
+# From this row on a page is read as a deferred join (EstimatedCountPaginator.page).
+DEFERRED_JOIN_FROM_ROW = 1_000
 
 
 def planner_row_estimate(queryset) -> int:
@@ -49,6 +53,51 @@ class EstimatedCountPaginator(Paginator):
         self.estimated = True
         return max(planner_row_estimate(self.object_list), bounded)
 
+    def page(self, number):
+        """Deep pages as a deferred join: the page's ids first (the list's own query
+        reading only the primary key, in its order: index entries, not joined rows), then
+        those rows with everything the page shows. Django's ``OFFSET n`` would fetch and
+        join every skipped row: page 1,000 of a million payments took 240 ms of SQL."""
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        if bottom < DEFERRED_JOIN_FROM_ROW or not isinstance(self.object_list, QuerySet):
+            return super().page(number)
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        ids = list(self.object_list.values_list("pk", flat=True)[bottom:top])
+        rows = {row.pk: row for row in self.object_list.filter(pk__in=ids).order_by()}
+        return self._get_page([rows[pk] for pk in ids if pk in rows], number, self)
+
+
+# Ids the admin may put in a URL as they are: Django's quote() would turn "_" into "_5F".
+PLAIN_ID = re.compile(r"^[A-Za-z0-9-]+(_[0-9A-Za-z]+)+$")
+
+
+def id_in_url(pk) -> str:
+    """``pk`` as an admin URL carries it: payment, account, recurring ids as the API shows
+    them (``pay_01...``, not ``pay_5F01...``); anything else quoted as the admin does. Both
+    forms open the page: Django's unquote leaves these ids alone."""
+    text = str(pk)
+    return text if PLAIN_ID.match(text) and unquote(text) == text else quote(text)
+
+
+_ID_PLACEHOLDER = "dp0id0placeholder"
+
+
+@functools.cache
+def _change_url_template(app_label: str, model_name: str, script_prefix: str) -> str:
+    return reverse(f"admin:{app_label}_{model_name}_change", args=[_ID_PLACEHOLDER])
+
+
+def change_url(model, pk) -> str:
+    """``reverse("admin:<app>_<model>_change", args=[id_in_url(pk)])``, reversed once per
+    model (and script prefix): a list page links every row and several cells of it, and
+    each reverse walks the URL resolver."""
+    opts = model._meta
+    template = _change_url_template(opts.app_label, opts.model_name, get_script_prefix())
+    return template.replace(_ID_PLACEHOLDER, id_in_url(pk))
+
 
 class LimitedChangeList(ChangeList):
     """A changelist whose row query always carries a LIMIT.
@@ -71,8 +120,15 @@ class LimitedChangeList(ChangeList):
                     self.date_range[key] = params.pop(key)[-1]
         return specs, has_filters, params, may_have_duplicates, has_active
 
+    def url_for_result(self, result):
+        """Rows link to ``<id>/change/`` with the id as the API shows it (id_in_url)."""
+        return change_url(self.model, getattr(result, self.pk_attname))
+
     def get_queryset(self, request, exclude_parameters=None):
         queryset = super().get_queryset(request, exclude_parameters)
+        # A filter that bounds the date drill-down's field says so on the request
+        # (payments/admin.py, known_execute_at_range): the drill-down spans that range.
+        self.date_hierarchy_range = getattr(request, "_dp_execute_at_range", None)
         if self.date_range:
             queryset = queryset.filter(self.model_admin.date_hierarchy_condition(**self.date_range))
         return queryset
@@ -109,6 +165,15 @@ class LargeTableAdminMixin:
 
     def get_changelist(self, request, **kwargs):
         return LimitedChangeList
+
+    def action_checkbox(self, obj):
+        """Django's selection checkbox, the same HTML, written directly: Django renders a
+        form widget through the template engine for each row, a third of a 50-row page's
+        rendering time."""
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+            helpers.ACTION_CHECKBOX_NAME, str(obj.pk), f"Select this object for an action - {obj}",
+        )
 
 
 class LatestRowsInlineFormSet(BaseInlineFormSet):
@@ -335,7 +400,7 @@ class ConfirmedActAdminMixin:
         pk = unquote(object_id)
         if not self.model._default_manager.filter(pk=pk).exists():
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
-        change_url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[quote(pk)])
+        change_url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[id_in_url(pk)])
         return self.act_page(request, act, [pk], back_url=change_url) or HttpResponseRedirect(change_url)
 
     def act_page(self, request, act: ConfirmedAct, object_ids: list[str], *, back_url: str, bulk_action: str = ""):

@@ -78,6 +78,8 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
             ],
+            # {% load console %}: the console's tags shared by every app's admin templates.
+            "libraries": {"console": "common.console_tags"},
         },
     },
 ]

@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote, unquote
+from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 from django.core.exceptions import PermissionDenied
@@ -33,6 +33,7 @@ from common.admin_tools import (
     confirmed_action,
     display_column,
     has_model_permission,
+    id_in_url,
     object_view_url,
     report,
     utc_text,
@@ -94,7 +95,7 @@ def request_status_badge(status: str):
 
 
 def account_url(account_id: str) -> str:
-    return reverse("admin:ledger_account_change", args=[quote(account_id)])
+    return reverse("admin:ledger_account_change", args=[id_in_url(account_id)])
 
 
 def account_transfers_url(account_id: str) -> str:
@@ -126,7 +127,7 @@ def pending_requests_url(account_id: str) -> str:
 
 
 def deposit_request_url(request_id: str) -> str:
-    return reverse("admin:ledger_depositrequest_change", args=[quote(request_id)])
+    return reverse("admin:ledger_depositrequest_change", args=[id_in_url(request_id)])
 
 
 def account_id_link(account_id: str):
@@ -309,7 +310,7 @@ class AccountAdmin(
         except DepositRefused as exc:
             self.message_user(request, exc.detail, messages.ERROR)
             return back
-        form_url = reverse("admin:ledger_account_deposit", args=[quote(account.pk)])
+        form_url = reverse("admin:ledger_account_deposit", args=[id_in_url(account.pk)])
         token = request.GET.get(DEPOSIT_FORM_PARAM, "")
         try:
             row = deposit_form_token(token=token, account_id=account.pk, actor=request.user) if token else None

@@ -18,10 +18,10 @@ from datetime import UTC, datetime, time, timedelta
 
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.utils import flatten_fieldsets, quote, unquote
+from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect, StreamingHttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -39,9 +39,11 @@ from common.admin_tools import (
     ReadOnlyAdminMixin,
     ReasonForm,
     badge,
+    change_url,
     confirmed_action,
     display_column,
     has_model_permission,
+    id_in_url,
     object_view_url,
     report,
     utc_text,
@@ -51,7 +53,7 @@ from ledger.models import Account, PendingTransfer, StaffAction
 from ledger.selectors import transfer_by_key
 from ledger.services import PENDING_PREFIX, POST_PREFIX, VOID_PREFIX
 
-from .admin_rails import id_in_url, payee_cell, payout_state_badge
+from .admin_rails import payee_cell, payout_state_badge
 from .exceptions import (
     PaymentNotCancellable,
     PaymentNotFound,
@@ -85,8 +87,8 @@ from .selectors import (
     payment_overdue_condition,
     recurring_search_condition,
 )
-from .series import recurring_pause, recurring_resume
-from .services import payment_cancel_by_staff, payment_redrive, payment_resolve
+from .series import recurring_end, recurring_pause, recurring_resume
+from .services import db_now, payment_cancel_by_staff, payment_redrive, payment_resolve
 
 admin.site.site_header = "delaypay operations"
 admin.site.site_title = "delaypay operations"
@@ -125,12 +127,11 @@ def money(amount) -> str:
 
 def admin_link(obj, text=None):
     """A link to ``obj``'s admin change page (ids as the API shows them)."""
-    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[id_in_url(obj.pk)])
-    return format_html('<a href="{}">{}</a>', url, text if text is not None else obj.pk)
+    return format_html('<a href="{}">{}</a>', change_url(type(obj), obj.pk), text if text is not None else obj.pk)
 
 
 def payment_link(payment_id: str):
-    url = reverse("admin:payments_scheduledpayment_change", args=[id_in_url(payment_id)])
+    url = change_url(ScheduledPayment, payment_id)
     return format_html('<a href="{}">{}</a>', url, payment_id)
 
 
@@ -138,14 +139,14 @@ def account_cell(account):
     """The account's owner, linked to the account (its id on hover): the confirmation
     pages stay narrow; the list and the detail page name the account too (party_cell)."""
     owner = account.owner.username if account.owner_id else account.name
-    url = reverse("admin:ledger_account_change", args=[id_in_url(account.pk)])
+    url = change_url(Account, account.pk)
     return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, owner)
 
 
 def party_cell(account):
     """Which of its owner's accounts: the account's name linked to it, the owner after it
     ("Savings · alice"); a system account has no owner."""
-    url = reverse("admin:ledger_account_change", args=[id_in_url(account.pk)])
+    url = change_url(Account, account.pk)
     if not account.owner_id:
         return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, account.name)
     return format_html(
@@ -238,7 +239,12 @@ class DueFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         condition = self.CONDITIONS.get(self.value())
-        return queryset if condition is None else queryset.filter(condition())
+        if condition is None:
+            return queryset
+        if self.value() == "today":
+            start = database_today()
+            known_execute_at_range(request, start, start + timedelta(days=1))
+        return queryset.filter(condition())
 
 
 class KindFilter(admin.SimpleListFilter):
@@ -520,6 +526,18 @@ class AmountFilter(RangeFilter):
         return queryset.filter(**lookups)
 
 
+def known_execute_at_range(request, start, end) -> None:
+    """A filter bounds the list's due times to [start, end): the date drill-down spans that
+    range instead of reading its rows' first and last due times (two to four index reads
+    of 15-20 ms each at 1M payments). A listed day may then hold no rows."""
+    request._dp_execute_at_range = (start, end)
+
+
+def database_today() -> datetime:
+    """The start of the current UTC day on the database clock (what "due today" means)."""
+    return db_now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
 class DueRangeFilter(RangeFilter):
     """A due-date range (execute_at; a date is the whole UTC day, ``to`` included), over
     every status: read through the three partial indexes on execute_at, as the date
@@ -544,6 +562,8 @@ class DueRangeFilter(RangeFilter):
             lookups["execute_at__gte"] >= lookups["execute_at__lt"]
         ):
             warn_once(request, "The due-date range ends before it starts: nothing is due in it.")
+        elif lookups.get("execute_at__gte") and lookups.get("execute_at__lt"):
+            known_execute_at_range(request, lookups["execute_at__gte"], lookups["execute_at__lt"])
         return queryset.filter(payment_execute_at_condition(**lookups))
 
 
@@ -739,13 +759,6 @@ class PlainIdChangeList(LimitedChangeList):
         lookup_params = super().get_filters_params(params)
         lookup_params.pop(REFRESH_PARAMETER, None)
         return lookup_params
-
-    def url_for_result(self, result):
-        return reverse(
-            f"admin:{self.opts.app_label}_{self.opts.model_name}_change",
-            args=[id_in_url(getattr(result, self.pk_attname))],
-            current_app=self.model_admin.admin_site.name,
-        )
 
 
 class ExportChangeList(PlainIdChangeList):
@@ -1132,7 +1145,7 @@ class ScheduledPaymentAdmin(
         pending = PendingTransfer.objects.filter(key=obj.pk).first()
         if pending is None:
             return "none: no funds reserved"
-        url = reverse("admin:ledger_pendingtransfer_change", args=[quote(pending.pk)])
+        url = reverse("admin:ledger_pendingtransfer_change", args=[id_in_url(pending.pk)])
         resolved = f", {pending.state} at {pending.resolved_at.isoformat()}" if pending.resolved_at else ""
         return format_html(
             '<a href="{}">{}</a> · {} from {} held in {} for {} · reserved at {}{}',
@@ -1300,12 +1313,27 @@ def rule_text(obj) -> str:
     return rule if obj.timezone == "UTC" else f"{rule} ({obj.timezone})"
 
 
+END_SERIES = ConfirmedAct(
+    name="end",
+    title="End the series",
+    explanation="No further occurrence is generated, for good (an ended series cannot be resumed), and its "
+    "scheduled occurrence that has not started is cancelled. Payments of the series that already executed or "
+    "failed are left as they are. The same as the API's DELETE of a recurring payment.",
+    permission="pause",
+)
+
+
 @admin.register(RecurringPayment)
 class RecurringPaymentAdmin(
-    ActionPermissionAdminMixin, PayerToPayeeAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin
+    ActionPermissionAdminMixin,
+    ConfirmedActAdminMixin,
+    PayerToPayeeAdminMixin,
+    LargeTableAdminMixin,
+    ReadOnlyAdminMixin,
+    admin.ModelAdmin,
 ):
     list_display = (
-        "id", "from_col", "to_col", "amount_col", "rule_col", "status_col", "next_occurrence_at_col", "created_at_col"
+        "id", "from_col", "to_col", "amount_col", "rule_col", "status_col", "next_due_col", "created_at_col"
     )
     list_filter = ("status",)
     ordering = ("-created_at", "-id")
@@ -1313,19 +1341,39 @@ class RecurringPaymentAdmin(
     search_help_text = (
         "Exact recurring payment id, account id or account owner's username; several separated by spaces."
     )
-    actions = ["pause_selected", "resume_selected"]
+    actions = ["pause_selected", "resume_selected", "end_selected"]
     inlines = [OccurrenceInline, RecurringEventInline]
+    confirmed_acts = (END_SERIES,)
+    max_rows_per_act = MAX_RECURRING_PER_ACTION
+    end_selected = confirmed_action(
+        END_SERIES,
+        "End selected recurring payments for good (their scheduled occurrence is cancelled; asks for a reason)",
+    )
     fieldsets = (
         (
             "Recurring payment",
             {"fields": ("id", "status_col", "payer_col", "from_detail_col", "to_detail_col", "amount_col")},
         ),
         ("Rule", {"fields": ("start_at", "rule_col", "end_at", "count", "last_at")}),
-        ("State", {"fields": ("next_occurrence_at", "last_occurrence_at", "version", "occurrences_col")}),
+        ("State", {"fields": ("next_due_col", "next_occurrence_at_col", "last_occurrence_at", "version",
+                              "occurrences_col")}),
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
 
-    next_occurrence_at_col = display_column("next_occurrence_at", utc_text, "next occurrence (UTC)")
+    next_occurrence_at_col = display_column(
+        "next_occurrence_at", utc_text, "occurrence after it (UTC; generated when the next payment falls due)"
+    )
+
+    @admin.display(description="next payment due (UTC)", ordering="next_occurrence_at")
+    def next_due_col(self, obj):
+        """When this series next pays: its scheduled occurrence while that one waits
+        (``last_occurrence_at`` ahead of now), else the next one to be generated. Nothing
+        while paused or ended."""
+        if obj.status != RecurringStatus.ACTIVE:
+            return "-"
+        if obj.last_occurrence_at is not None and obj.last_occurrence_at > timezone.now():
+            return utc_text(obj.last_occurrence_at)
+        return utc_text(obj.next_occurrence_at) if obj.next_occurrence_at else "-"
     created_at_col = display_column("created_at", utc_text, "created (UTC)")
 
     @admin.display(description="rule")
@@ -1407,10 +1455,52 @@ class RecurringPaymentAdmin(
         self.transition_and_report(request, [unquote(object_id)], status)
         return HttpResponseRedirect(reverse("admin:payments_recurringpayment_change", args=[object_id]))
 
+    # --- end: a confirmation page with a reason, then recurring_end -------------------------
+
+    def confirmation_rows(self, request, act: ConfirmedAct, object_ids: list[str]):
+        found = {r.pk: r for r in RecurringPayment.objects.filter(pk__in=object_ids)}
+        pending = dict(
+            ScheduledPayment.objects.filter(recurring_id__in=object_ids, status=PaymentStatus.SCHEDULED)
+            .values("recurring_id").annotate(n=Count("id")).values_list("recurring_id", "n")
+        )
+        rows = []
+        for recurring_id in sorted(object_ids, key=lambda pk: (pk not in found, pk)):
+            rec = found.get(recurring_id)
+            if rec is None:
+                rows.append(ConfirmRow([recurring_id, "-", "-", "-", "-"], left_alone="no such recurring payment"))
+                continue
+            rows.append(ConfirmRow(
+                [admin_link(rec), rule_text(rec), status_badge(rec.status), money(rec.amount),
+                 pending.get(rec.pk, 0)],
+                left_alone="already ENDED" if rec.status == RecurringStatus.ENDED and not pending.get(rec.pk) else "",
+            ))
+        return ["recurring payment", "rule", "status", "amount", "scheduled occurrence to cancel"], rows
+
+    def perform_act(self, request, act: ConfirmedAct, object_ids: list[str], form) -> bool:
+        reason = form.cleaned_data["reason"]
+        before = dict(RecurringPayment.objects.filter(pk__in=object_ids).values_list("pk", "status"))
+        ended, already, missing = [], [], []
+        for recurring_id in object_ids:
+            try:
+                rec = recurring_end(recurring_id=recurring_id, actor=request.user, reason=reason)
+            except RecurringNotFound:
+                missing.append(recurring_id)
+                continue
+            if before.get(recurring_id) == RecurringStatus.ENDED:
+                already.append(recurring_id)
+            else:
+                ended.append(recurring_id)
+                self.log_change(request, rec, f"Ended from the admin: {reason}")
+        report(request, messages.SUCCESS, "Ended", ended)
+        report(request, messages.INFO, "Already ENDED", already)
+        report(request, messages.ERROR, "No such recurring payment", missing)
+        return True
+
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         allowed = obj is not None and self.has_pause_permission(request, obj)
         context["can_pause"] = allowed and obj.status == RecurringStatus.ACTIVE
         context["can_resume"] = allowed and obj.status == RecurringStatus.PAUSED
+        context["can_end"] = allowed and obj.status != RecurringStatus.ENDED
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
 

@@ -8,12 +8,10 @@ reason (common/admin_tools.py), with ``payments.force_breaker``. ``breaker_force
 the act; nothing else is recorded.
 """
 
-import re
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Q
 from django.urls import reverse
@@ -29,6 +27,7 @@ from common.admin_tools import (
     badge,
     confirmed_action,
     display_column,
+    id_in_url,
     report,
     utc_text,
 )
@@ -58,20 +57,8 @@ def breaker_badge(*, breaker: str, forced: str):
     return badge(breaker_text(breaker=breaker, forced=forced), breaker_tone(breaker=breaker, forced=forced))
 
 
-# Ids the admin may put in a URL as they are: Django's quote() would turn "_" into "_5F".
-PLAIN_ID = re.compile(r"^[A-Za-z0-9-]+_[0-9A-Za-z]+$")
-
-
-def id_in_url(pk) -> str:
-    """``pk`` as an admin URL carries it: payment, account, recurring ids as the API shows
-    them (``pay_01...``, not ``pay_5F01...``); anything else quoted as the admin does. Both
-    forms open the page: Django's unquote leaves these ids alone."""
-    text = str(pk)
-    return text if PLAIN_ID.match(text) and unquote(text) == text else quote(text)
-
-
 def payee_url(payee_id: str) -> str:
-    return reverse("admin:payments_payee_change", args=[quote(payee_id)])
+    return reverse("admin:payments_payee_change", args=[id_in_url(payee_id)])
 
 
 def payee_cell(payee):

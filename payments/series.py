@@ -378,8 +378,11 @@ def recurring_resume(*, recurring_id: str, actor, expected_version: int | None =
     return RecurringPayment.objects.get(pk=recurring_id)
 
 
-def recurring_end(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
-    """End the schedule for good and cancel its pending occurrence. Idempotent."""
+def recurring_end(
+    *, recurring_id: str, actor, expected_version: int | None = None, reason: str = ""
+) -> RecurringPayment:
+    """End the schedule for good and cancel its pending occurrence. Idempotent. ``reason``:
+    why (staff give one in the console); recorded on the ENDED event."""
     with transaction.atomic():
         rec = _locked(recurring_id)
         if rec.status == RecurringStatus.ENDED and not _pending(rec.id).exists():
@@ -388,7 +391,8 @@ def recurring_end(*, recurring_id: str, actor, expected_version: int | None = No
         cancelled = _cancel_by_series(rec.id, actor, reason="ended", not_yet_due_only=False)
         if rec.status != RecurringStatus.ENDED:
             _transition(rec, RecurringStatus.ENDED, next_occurrence_at=None)
-            _record(rec.id, RecurringEvent.Kind.ENDED, actor, {"reason": "ended by user", "cancelled": cancelled})
+            detail = {"reason": reason or "ended by user", "cancelled": cancelled}
+            _record(rec.id, RecurringEvent.Kind.ENDED, actor, detail)
     return RecurringPayment.objects.get(pk=recurring_id)
 
 

@@ -2,6 +2,7 @@ from datetime import timedelta
 
 import factory
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.utils import timezone
 
 from common.ids import new_id
@@ -44,6 +45,19 @@ def funded_account(*, owner=None, balance: int = 0, **kwargs) -> Account:
     return account
 
 
+def due_time(seconds_ago: float):
+    """``seconds_ago`` before now. Already due (``seconds_ago >= 0``): before the database's
+    now() as well, which in a test's transaction is the transaction's start: the claim
+    judges on that clock, and a test that spent more than ``seconds_ago`` before this call
+    (a slow page under load) would otherwise get a payment that is not due yet."""
+    now = timezone.now()
+    if seconds_ago >= 0:
+        with connection.cursor() as cur:
+            cur.execute("SELECT now()")
+            now = min(now, cur.fetchone()[0])
+    return now - timedelta(seconds=seconds_ago)
+
+
 def due_payment(*, source: Account, target: Account, amount: int, seconds_ago: float = 1.0, payer=None):
     """A SCHEDULED payment already due, with its "created" event, written directly as
     the service would (the service refuses the past)."""
@@ -52,7 +66,7 @@ def due_payment(*, source: Account, target: Account, amount: int, seconds_ago: f
         from_account=source,
         to_account=target,
         amount=amount,
-        execute_at=timezone.now() - timedelta(seconds=seconds_ago),
+        execute_at=due_time(seconds_ago),
     )
     PaymentEvent.objects.create(payment=payment, kind="created", to_status="SCHEDULED", actor="test")
     return payment
@@ -135,7 +149,7 @@ def due_payout(*, source: Account, payee, amount: int, seconds_ago: float = 1.0)
     """A SCHEDULED payout already due, with its "created" event (as due_payment)."""
     payment = ScheduledPayment.objects.create(
         payer=source.owner, from_account=source, to_payee=payee, rail=payee.rail, amount=amount,
-        execute_at=timezone.now() - timedelta(seconds=seconds_ago),
+        execute_at=due_time(seconds_ago),
     )
     PaymentEvent.objects.create(payment=payment, kind="created", to_status="SCHEDULED", actor="test")
     return payment

@@ -235,6 +235,7 @@ ADMIN_ACTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("payments.ScheduledPayment", "resolve_selected"): (VIEW_PAYMENT, "payments.redrive_scheduledpayment"),
     ("payments.RecurringPayment", "pause_selected"): (VIEW_RECURRING, "payments.pause_recurringpayment"),
     ("payments.RecurringPayment", "resume_selected"): (VIEW_RECURRING, "payments.pause_recurringpayment"),
+    ("payments.RecurringPayment", "end_selected"): (VIEW_RECURRING, "payments.pause_recurringpayment"),
     ("ledger.Account", "freeze_selected"): (VIEW_ACCOUNT, "ledger.freeze_account"),
     ("ledger.Account", "unfreeze_selected"): (VIEW_ACCOUNT, "ledger.freeze_account"),
     ("ledger.DepositRequest", "approve_selected"): (VIEW_DEPOSIT_REQUEST, APPROVE_DEPOSIT),
@@ -298,6 +299,9 @@ ROUTES: dict[str, Admin] = {
     ),
     "admin:payments_recurringpayment_resume": Admin(
         (VIEW_RECURRING, "payments.pause_recurringpayment"), methods=("POST",), target="recurring"
+    ),
+    "admin:payments_recurringpayment_end": Admin(
+        (VIEW_RECURRING, "payments.pause_recurringpayment"), methods=PAGE, target="recurring"
     ),
     "admin:ledger_account_deposit": Admin((VIEW_ACCOUNT, "ledger.deposit_account"), methods=PAGE, target="account"),
     "admin:ledger_account_freeze": Admin((VIEW_ACCOUNT, "ledger.freeze_account"), methods=PAGE, target="account"),

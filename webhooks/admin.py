@@ -7,8 +7,9 @@ ConfirmedActAdminMixin); it calls ``delivery_resend``, the service the API's res
 and records the reason with the staff member's user in the admin's history.
 """
 
+from urllib.parse import urlencode
+
 from django.contrib import admin, messages
-from django.contrib.admin.utils import quote
 from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html
@@ -25,6 +26,7 @@ from common.admin_tools import (
     badge,
     confirmed_action,
     display_column,
+    id_in_url,
     report,
     utc_text,
 )
@@ -46,16 +48,16 @@ def delivery_status_badge(status: str):
 
 
 def admin_link(obj, text=None):
-    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[quote(obj.pk)])
+    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[id_in_url(obj.pk)])
     return format_html('<a href="{}">{}</a>', url, text if text is not None else obj.pk)
 
 
 def subject_link(event: Event):
     """The payment or recurring payment an event is about, linked to its admin page."""
     if event.payment_id:
-        url = reverse("admin:payments_scheduledpayment_change", args=[quote(event.payment_id)])
+        url = reverse("admin:payments_scheduledpayment_change", args=[id_in_url(event.payment_id)])
         return format_html('<a href="{}">{}</a>', url, event.payment_id)
-    url = reverse("admin:payments_recurringpayment_change", args=[quote(event.recurring_id)])
+    url = reverse("admin:payments_recurringpayment_change", args=[id_in_url(event.recurring_id)])
     return format_html('<a href="{}">{}</a>', url, event.recurring_id)
 
 
@@ -93,7 +95,7 @@ class EndpointAdmin(ActionPermissionAdminMixin, ReadOnlyAdminMixin, admin.ModelA
 
     @admin.display(description="deliveries")
     def deliveries_link(self, obj):
-        url = reverse("admin:webhooks_delivery_changelist") + f"?endpoint__id__exact={quote(obj.pk)}"
+        url = reverse("admin:webhooks_delivery_changelist") + "?" + urlencode({"endpoint__id__exact": obj.pk})
         return format_html('<a href="{}">its deliveries</a>', url)
 
     def get_search_results(self, request, queryset, search_term):

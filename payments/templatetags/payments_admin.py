@@ -18,6 +18,8 @@ from django.contrib.admin.templatetags.base import InclusionAdminNode
 from django.db.models import Max, Min
 from django.utils.functional import cached_property
 
+from common.console_tags import plain_id
+
 register = template.Library()
 
 
@@ -67,7 +69,11 @@ class _SpanChangeList:
     def __init__(self, changelist):
         self._changelist = changelist
         bounds = getattr(changelist.model_admin, "date_hierarchy_bounds", None)
-        if bounds is None:
+        known = getattr(changelist, "date_hierarchy_range", None)
+        if known is not None:  # a filter bounds the field already: span its range, read nothing
+            start, end = known
+            bounds = lambda queryset: {"first": start, "last": end - timedelta(microseconds=1)}  # noqa: E731
+        elif bounds is None:
             bounds = partial(aggregate_bounds, field_name=changelist.date_hierarchy)
         self.queryset = _SpanQuerySet(changelist.queryset, bounds)
 
@@ -86,9 +92,5 @@ def span_date_hierarchy_tag(parser, token):
     )
 
 
-@register.filter(name="plain_id")
-def plain_id(pk) -> str:
-    """An id as admin URLs carry it in the console: as the API shows it (payments/admin_rails.py)."""
-    from payments.admin_rails import id_in_url  # on use: loading a template library must not load the admin
-
-    return id_in_url(pk)
+# The console's id filter, also here so payments' templates need one {% load %}.
+register.filter("plain_id", plain_id)

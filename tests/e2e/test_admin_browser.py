@@ -3,6 +3,7 @@ against the live server. .ci/run installs Chromium where it is missing."""
 
 import os
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from django.contrib.admin.utils import quote
@@ -24,6 +25,10 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 
+# Every run writes the main pages as a staff member sees them at 1440x900 into the docs
+# (docs/reference/admin-console.md, "Screenshots"): the pictures there are the last run's.
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "img" / "console"
+
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(
@@ -43,6 +48,12 @@ def browser_settings(settings):
         **settings.STORAGES,
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
+
+
+def screenshot(page, name: str) -> None:
+    """The visible part of the page (what is above the fold), as docs/img/console/<name>.png."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SCREENSHOTS / f"{name}.png")
 
 
 @contextmanager
@@ -81,7 +92,7 @@ def test_staff_cancels_a_scheduled_payment_from_the_changelist(live_server, brow
         rows = page.locator("#result_list tbody tr")
         expect(rows).to_have_count(2)
         expect(page.locator("#result_list")).not_to_contain_text(already.pk)
-        page.screenshot(path=tmp_path / "changelist-scheduled.png", full_page=True)
+        screenshot(page, "changelist-scheduled")
 
         page.check(f'input[name="_selected_action"][value="{doomed.pk}"]')
         page.select_option('select[name="action"]', "cancel_selected")
@@ -90,6 +101,7 @@ def test_staff_cancels_a_scheduled_payment_from_the_changelist(live_server, brow
         # One click never cancels: a confirmation page counts the selection and asks why.
         expect(page.locator("#dp-act-count")).to_contain_text("1 of the 1 scheduled payment listed will change")
         page.fill("#id_reason", "customer asked")
+        screenshot(page, "confirm-cancel")
         page.locator('input[name="_cancel"]').click()
 
         expect(page.locator(".messagelist .success")).to_have_text(f"Cancelled: {doomed.pk}.")
@@ -100,11 +112,11 @@ def test_staff_cancels_a_scheduled_payment_from_the_changelist(live_server, brow
         expect(page.locator(".dp-badge")).to_have_text("CANCELLED")
         # The timeline's cancelled event names the staff member who cancelled it.
         expect(page.locator("#dp-timeline tr", has_text="cancelled")).to_contain_text(staff.username)
-        page.screenshot(path=tmp_path / "payment-cancelled.png", full_page=True)
+        screenshot(page, "payment-cancelled")
 
         page.goto(reverse("admin-dashboard"))
         expect(page.locator("#dp-counts")).to_contain_text("CANCELLED")
-        page.screenshot(path=tmp_path / "dashboard.png", full_page=True)
+        screenshot(page, "dashboard")
 
     doomed.refresh_from_db()
     keep.refresh_from_db()
@@ -142,7 +154,7 @@ def test_back_and_submit_again_deposits_once(live_server, browser_settings, tmp_
             expect(page.locator("#dp-deposit-submitted")).to_contain_text("2500 was deposited")
         page.reload()
         expect(page.locator("#dp-deposit-submitted")).to_contain_text("already submitted")
-        page.screenshot(path=tmp_path / "deposit-back.png", full_page=True)
+        screenshot(page, "deposit-back")
 
     assert Account.objects.get(pk=account.pk).balance == 2500
     assert Transfer.objects.filter(credit_account_id=account.pk).count() == 1
@@ -178,6 +190,7 @@ def test_staff_export_the_failed_list_as_csv(live_server, browser_settings, tmp_
         page.locator("#changelist-filter").get_by_role("link", name="Failed", exact=True).click()
         page.wait_for_url("**status__exact=FAILED**")
         expect(page.locator("#result_list tbody tr")).to_have_count(1)
+        screenshot(page, "changelist-failed")
         with page.expect_download() as download:
             page.click("#dp-export")
         path = tmp_path / "export.csv"
@@ -203,7 +216,7 @@ def test_staff_freeze_an_account_from_its_page_with_a_reason(live_server, browse
         page.locator('input[name="_freeze"]').click()
         expect(page.locator(".messagelist .success")).to_contain_text("Frozen")
         expect(page.locator("#dp-unfreeze")).to_be_visible()
-        page.screenshot(path=tmp_path / "account-frozen.png", full_page=True)
+        screenshot(page, "account-frozen")
 
     account.refresh_from_db()
     assert account.status == Account.Status.FROZEN
@@ -239,4 +252,34 @@ def test_staff_investigate_a_failed_payment_from_the_dashboard(live_server, brow
         # The timeline holds the attempt and the event that ended it.
         expect(page.locator("#dp-timeline tr", has_text="EXECUTING → FAILED")).to_be_visible()
         expect(page.locator("#dp-timeline tr", has_text="attempt 1: failed")).to_be_visible()
-        page.screenshot(path=tmp_path / "payment-failed.png", full_page=True)
+        screenshot(page, "payment-failed")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staff_end_a_recurring_series_from_its_page_with_a_reason(live_server, browser_settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.models import RecurringPayment, RecurringStatus, ScheduledPayment
+    from payments.series import recurring_create
+
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    source, target = funded_account(balance=100), funded_account()
+    rec = recurring_create(
+        payer=source.owner, from_account_id=source.id, to_account_id=target.id, amount=7,
+        start_at=timezone.now() + timedelta(hours=1), interval="P1D",
+    )
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        page.goto(reverse("admin:payments_recurringpayment_change", args=[rec.pk]))
+        screenshot(page, "recurring")
+        page.click("#dp-end-series")
+        expect(page.locator("#dp-act-count")).to_contain_text("1 of the 1 recurring payment listed will change")
+        page.fill("#id_reason", "customer closed the subscription")
+        page.locator('input[name="_end"]').click()
+        expect(page.locator(".messagelist .success")).to_have_text(f"Ended: {rec.pk}.")
+        expect(page.locator("#dp-end-series")).to_have_count(0)
+
+    assert RecurringPayment.objects.get(pk=rec.pk).status == RecurringStatus.ENDED
+    assert not ScheduledPayment.objects.filter(recurring_id=rec.pk, status="SCHEDULED").exists()

@@ -11,6 +11,7 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils.http import urlencode
 
+from common.admin_tools import id_in_url
 from delaypay.logs import ClientErrorWithoutTraceback, TickLinesAtDebug, logging_config
 from ledger.models import Account, StaffAction
 from ledger.templatetags.money import thousands
@@ -26,11 +27,11 @@ TRANSFERS = reverse("admin:ledger_transfer_changelist")
 
 
 def account_url(account) -> str:
-    return reverse("admin:ledger_account_change", args=[quote(account.pk)])
+    return reverse("admin:ledger_account_change", args=[id_in_url(account.pk)])
 
 
 def act_url(account, act: str) -> str:
-    return reverse(f"admin:ledger_account_{act}", args=[quote(account.pk)])
+    return reverse(f"admin:ledger_account_{act}", args=[id_in_url(account.pk)])
 
 
 def staff_with(*codenames: str):
@@ -235,3 +236,23 @@ def test_tick_lines_go_to_debug_and_other_tasks_stay_at_info(logger_name):
         assert tick_filter.filter(celery_record(logger_name, "payments.tasks.promoter_tick"))  # shown at DEBUG
     finally:
         logger.setLevel(previous)
+
+
+# --- ids in URLs as the API shows them ----------------------------------------------------------
+
+
+def test_account_urls_carry_the_id_as_is_and_the_quoted_form_still_works(superuser):
+    account, other = funded_account(balance=100), funded_account()
+    payment = due_payment(source=account, target=other, amount=1, seconds_ago=-600)
+    client = admin_client_for(superuser)
+    plain = f"/admin/ledger/account/{account.pk}/change/"
+    assert client.get(plain).status_code == 200
+    assert client.get(reverse("admin:ledger_account_change", args=[quote(account.pk)])).status_code == 200
+    listing = client.get(ACCOUNTS).content.decode()
+    assert f'href="{plain}"' in listing and "_5F" not in listing
+    # A payment's page links to its accounts the same way.
+    page = client.get(f"/admin/payments/scheduledpayment/{payment.pk}/change/").content.decode()
+    assert f'href="{plain}"' in page and "_5F" not in page
+    # The confirmation page of the account's Freeze button returns to the plain URL.
+    response = client.post(act_url(account, "freeze"), {"confirmed": "1", "reason": "fraud review"})
+    assert response.status_code == 302 and response.url == plain

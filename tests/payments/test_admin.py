@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from common.admin_tools import ActionPermissionAdminMixin, EstimatedCountPaginator
+from common.admin_tools import ActionPermissionAdminMixin, EstimatedCountPaginator, id_in_url
 from ledger.models import StaffAction, Transfer
 from payments.admin import ScheduledPaymentAdmin
 from payments.execution import execute_batch
@@ -33,7 +33,7 @@ CHANGELIST = reverse("admin:payments_scheduledpayment_changelist")
 
 
 def change_url(payment) -> str:
-    return reverse("admin:payments_scheduledpayment_change", args=[quote(payment.pk)])
+    return reverse("admin:payments_scheduledpayment_change", args=[id_in_url(payment.pk)])
 
 
 def cancel_url(payment) -> str:

@@ -404,3 +404,28 @@ def test_recurring_urls_carry_the_id_as_is(superuser, people):
     assert f'href="{plain}"' in client.get(reverse("admin:payments_recurringpayment_changelist")).content.decode()
     page = client.get(plain).content.decode()
     assert reverse("admin:payments_recurringpayment_pause", args=[rec.pk]) in page
+
+
+def test_a_deep_page_is_read_as_a_deferred_join_with_the_same_rows_in_the_same_order(superuser, monkeypatch):
+    """From DEFERRED_JOIN_FROM_ROW on, a page reads its ids first, then those rows: the
+    same rows, in the list's order, as OFFSET would give (and the changelist renders them)."""
+    from common import admin_tools
+    from payments.models import ScheduledPayment
+
+    source, target = funded_account(balance=100), funded_account()
+    for minutes in range(1, 26):
+        future_payment(source=source, target=target, minutes=minutes)
+    monkeypatch.setattr(admin_tools, "DEFERRED_JOIN_FROM_ROW", 5)
+    ordered = ScheduledPayment.objects.select_related("from_account__owner").order_by("-execute_at", "-id")
+    paginator = admin_tools.EstimatedCountPaginator(ordered, 10)
+    for number in (1, 2, 3):
+        page = paginator.page(number)
+        assert [p.pk for p in page.object_list] == [p.pk for p in ordered[(number - 1) * 10:number * 10]]
+    assert paginator.page(3).has_next() is False and len(paginator.page(3).object_list) == 5
+    from django.contrib import admin
+
+    monkeypatch.setattr(admin.site._registry[ScheduledPayment], "list_per_page", 10)
+    response = admin_client_for(superuser).get(CHANGELIST, {"p": 2})  # Django's pages count from 1 here
+    assert response.status_code == 200
+    listed = [p.pk for p in response.context["cl"].result_list]
+    assert listed == [p.pk for p in ScheduledPayment.objects.order_by("-id")[10:20]]

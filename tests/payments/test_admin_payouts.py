@@ -12,6 +12,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from common.admin_tools import id_in_url
 from ledger.models import PendingTransfer
 from ledger.services import Reservation, ledger_reserve_batch
 from payments.models import (
@@ -63,7 +64,7 @@ def reserved_payout(*, source, payee, amount: int) -> ScheduledPayment:
 
 
 def change_url(obj) -> str:
-    return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[quote(obj.pk)])
+    return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[id_in_url(obj.pk)])
 
 
 def act_url(obj, act: str) -> str:
@@ -169,7 +170,7 @@ def test_a_payout_page_shows_it_at_the_rail_and_its_reserve(superuser, payout):
     assert '<span class="dp-badge dp-purple">pending</span> · 120 to acct_bob_42 on sandbox' in html
     assert "read timeout" in html  # last_error
     assert "acc_sandbox_clearing" in html  # the reserve: pending in the rail's clearing account
-    assert reverse("admin:ledger_pendingtransfer_change", args=[quote(payout.pk)]) in html
+    assert reverse("admin:ledger_pendingtransfer_change", args=[id_in_url(payout.pk)]) in html
     assert f"pend:{payout.pk}" in html  # the reserve's ledger transfer
     assert 'id="dp-cancel"' not in html  # its funds are reserved: no cancel
     assert 'id="dp-resolve"' in html

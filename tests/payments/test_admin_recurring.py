@@ -7,7 +7,7 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import timezone
 
-from common.admin_tools import LatestRowsInlineFormSet
+from common.admin_tools import CONFIRMED, LatestRowsInlineFormSet
 from payments.models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
 from payments.series import recurring_create, recurring_end, recurring_generate_due
 from payments.services import payment_cancel, payment_schedule
@@ -184,7 +184,7 @@ def test_no_add_change_or_delete(superuser, series):
     assert response.status_code == 403
     assert RecurringPayment.objects.filter(pk=series["daily"].pk).values().get() == before
     choices = client.get(CHANGELIST).context["action_form"].fields["action"].choices
-    assert [name for name, _ in choices if name] == ["pause_selected", "resume_selected"]
+    assert [name for name, _ in choices if name] == ["pause_selected", "resume_selected", "end_selected"]
 
 
 def test_non_staff_cannot_pause(series):
@@ -229,3 +229,77 @@ def test_an_oversized_selection_changes_nothing(support_user, series, monkeypatc
     response = action(admin_client_for(support_user), "pause_selected", series["daily"], series["weekly_cron"])
     assert messages_of(response) == ["Select at most 1 recurring payments; nothing changed."]
     assert RecurringPayment.objects.filter(status=RecurringStatus.ACTIVE).count() == 2
+
+
+# --- ending a series from the console: a confirmation page with a reason ------------------------
+
+
+def occurrence_of(rec) -> ScheduledPayment:
+    return ScheduledPayment.objects.get(recurring_id=rec.pk, status=PaymentStatus.SCHEDULED)
+
+
+def test_end_button_asks_for_a_reason_then_ends_the_series_and_cancels_its_occurrence(support_user, series):
+    rec = series["daily"]
+    occurrence = occurrence_of(rec)
+    client = admin_client_for(support_user)
+    end_url = button_url(rec, "end")
+    assert f'href="{reverse("admin:payments_recurringpayment_end", args=[rec.pk])}"' in client.get(
+        change_url(rec)
+    ).content.decode()
+    page = client.get(end_url)  # a GET shows the confirmation page, changes nothing
+    assert page.status_code == 200 and page.templates[0].name == "admin/confirm_act.html"
+    assert page.context["affected"] == 1
+    missing = client.post(end_url, {CONFIRMED: "1", "reason": ""})
+    assert missing.status_code == 200 and missing.context["form"].errors["reason"]
+    assert RecurringPayment.objects.get(pk=rec.pk).status == RecurringStatus.ACTIVE
+
+    done = client.post(end_url, {CONFIRMED: "1", "reason": "card holder deceased"}, follow=True)
+    assert done.redirect_chain[-1][0] == reverse("admin:payments_recurringpayment_change", args=[rec.pk])
+    assert messages_of(done) == [f"Ended: {rec.pk}."]
+    assert RecurringPayment.objects.get(pk=rec.pk).status == RecurringStatus.ENDED
+    occurrence.refresh_from_db()
+    assert occurrence.status == PaymentStatus.CANCELLED
+    event = RecurringEvent.objects.get(recurring=rec, kind=RecurringEvent.Kind.ENDED)
+    assert event.data["reason"] == "card holder deceased" and event.actor_user == support_user
+    assert 'id="dp-end-series"' not in done.content.decode()  # an ended series has no End button
+
+
+def test_end_selected_ends_several_and_reports_the_already_ended(support_user, series):
+    client = admin_client_for(support_user)
+    picked = [series["daily"], series["weekly_cron"], series["ended"]]
+    page = action(client, "end_selected", *picked)
+    assert page.context["count"] == 3 and page.context["affected"] == 2
+    done = client.post(CHANGELIST, {
+        "action": "end_selected", "_selected_action": [r.pk for r in picked], CONFIRMED: "1", "reason": "fraud",
+    }, follow=True)
+    texts = messages_of(done)
+    assert any(t.startswith("Ended: ") and series["daily"].pk in t and series["weekly_cron"].pk in t for t in texts)
+    assert f"Already ENDED: {series['ended'].pk}." in texts
+    statuses = set(RecurringPayment.objects.filter(pk__in=[r.pk for r in picked]).values_list("status", flat=True))
+    assert statuses == {RecurringStatus.ENDED}
+
+
+def test_staff_without_the_pause_permission_may_not_end(auditor_user, series):
+    rec = series["daily"]
+    client = admin_client_for(auditor_user)
+    assert 'id="dp-end-series"' not in client.get(change_url(rec)).content.decode()
+    assert client.get(button_url(rec, "end")).status_code == 403
+    assert client.post(button_url(rec, "end"), {CONFIRMED: "1", "reason": "x"}).status_code == 403
+    assert RecurringPayment.objects.get(pk=rec.pk).status == RecurringStatus.ACTIVE
+
+
+def test_next_payment_due_is_the_scheduled_occurrence_not_the_one_after_it(superuser, series):
+    """The series' first occurrence is scheduled an hour ahead; next_occurrence_at is the
+    day after (generated once that one falls due): the console says the former."""
+    from common.admin_tools import utc_text
+
+    rec = series["daily"]
+    occurrence = occurrence_of(rec)
+    assert rec.next_occurrence_at > occurrence.execute_at
+    response = admin_client_for(superuser).get(CHANGELIST)
+    admin_obj = response.context["cl"].model_admin
+    assert admin_obj.next_due_col(rec) == utc_text(occurrence.execute_at)
+    assert utc_text(occurrence.execute_at) in response.content.decode()
+    assert admin_obj.next_due_col(series["ended"]) == "-"
+    page = admin_client_for(superuser).get(change_url(rec)).content.decode().lower()
+    assert "next payment due (utc)" in page and "generated when the next payment falls due" in page

@@ -5,11 +5,11 @@ that asks for a reason, with payments.redrive_scheduledpayment."""
 from datetime import timedelta
 
 import pytest
-from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
 from django.urls import reverse
 from django.utils import timezone
 
+from common.admin_tools import id_in_url
 from payments.admin import ScheduledPaymentAdmin
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from tests.conftest import admin_client_for
@@ -22,7 +22,7 @@ REVIEW_QUEUE = f"{CHANGELIST}?status__exact=NEEDS_REVIEW"
 
 
 def change_url(payment) -> str:
-    return reverse("admin:payments_scheduledpayment_change", args=[quote(payment.pk)])
+    return reverse("admin:payments_scheduledpayment_change", args=[id_in_url(payment.pk)])
 
 
 def act_url(payment, act: str) -> str:

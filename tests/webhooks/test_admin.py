@@ -1,6 +1,8 @@
 """The webhooks console: endpoints without their secrets, the outbox, deliveries with their
 attempts and the "Resend" act (confirmation page, reason, permission)."""
 
+from urllib.parse import urlencode
+
 import pytest
 from django.contrib.admin import helpers
 from django.contrib.admin.models import LogEntry
@@ -119,3 +121,13 @@ def test_an_auditor_reads_deliveries_but_may_not_resend(auditor_user, delivery):
     assert client.get(reverse("admin:webhooks_delivery_resend", args=[delivery.pk])).status_code == 403
     delivery.refresh_from_db()
     assert delivery.status == DeliveryStatus.FAILED
+
+
+def test_an_endpoints_deliveries_link_filters_to_that_endpoint(superuser, delivery):
+    client = admin_client_for(superuser)
+    endpoint = delivery.endpoint
+    page = client.get(reverse("admin:webhooks_endpoint_change", args=[quote(endpoint.pk)])).content.decode()
+    link = reverse("admin:webhooks_delivery_changelist") + "?" + urlencode({"endpoint__id__exact": endpoint.pk})
+    assert f'href="{link}"' in page
+    listed = client.get(link).context["cl"].result_list
+    assert [d.pk for d in listed] == [delivery.pk]

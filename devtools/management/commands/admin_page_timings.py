@@ -11,6 +11,7 @@ with the number of SQL queries.
 
 import statistics
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -18,10 +19,12 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from ledger.models import Account
 from ledger.services import account_create
 
+# {payer}, {source}, {target}: the seeded load's payer and accounts; {day}: a day of it.
 PAGES = [
     "/admin/payments/scheduledpayment/",
     "/admin/payments/scheduledpayment/?status__exact=SCHEDULED",
@@ -29,13 +32,31 @@ PAGES = [
     "/admin/payments/scheduledpayment/?due=today",
     "/admin/payments/scheduledpayment/?due=next_hour",
     "/admin/payments/scheduledpayment/?failure_reason=insufficient_funds",
+    "/admin/payments/scheduledpayment/?status__exact=FAILED&due=today",
     "/admin/payments/scheduledpayment/?q=bench-payer",
+    "/admin/payments/scheduledpayment/?q=bench-pay",
     "/admin/payments/scheduledpayment/?q=pay_bench0000500000",
+    "/admin/payments/scheduledpayment/?payer={payer}",
+    "/admin/payments/scheduledpayment/?account={source}&direction=out",
+    "/admin/payments/scheduledpayment/?account={target}&direction=in",
+    "/admin/payments/scheduledpayment/?account={source}",
+    "/admin/payments/scheduledpayment/?account={source}&direction=out&amount_min=100&amount_max=200",
+    "/admin/payments/scheduledpayment/?recurrence=one_off",
+    "/admin/payments/scheduledpayment/?recurrence=recurring",
+    "/admin/payments/scheduledpayment/?due_from={day}&due_to={day}",
     "/admin/payments/scheduledpayment/?p=1000",
-    "/admin/payments/scheduledpayment/pay_5Fbench0000500000/change/",
+    "/admin/payments/scheduledpayment/pay_bench0000500000/change/",
     "/admin/dashboard/",
     "/admin/ledger/account/",
+    "/admin/ledger/account/{source}/change/",
     "/admin/ledger/transfer/",
+    "/admin/payments/recurringpayment/",
+]
+# The CSV export: time to its first chunk (the header and the first rows), as a browser
+# sees the download start; the rest streams.
+EXPORTS = [
+    "/admin/payments/scheduledpayment/export/?status__exact=FAILED",
+    "/admin/payments/scheduledpayment/export/?account={source}&direction=out",
 ]
 
 # Payments every 31 s from 180 days ago on: the past ones finished (5% FAILED, 5%
@@ -74,18 +95,46 @@ class Command(BaseCommand):
             raise CommandError("no active superuser to browse as (make run creates `admin`)")
         client = Client(HTTP_HOST=settings.ALLOWED_HOSTS[0] if settings.ALLOWED_HOSTS else "localhost")
         client.force_login(admin)
+        names = self.placeholders()
         self.stdout.write(f"{'median ms':>9} {'queries':>7}  page")
-        for url in PAGES:
-            client.get(url, secure=True)  # warm-up
-            times, queries = [], 0
-            for _ in range(repeat):
-                with CaptureQueriesContext(connection) as ctx:
-                    start = time.perf_counter()
-                    response = client.get(url, secure=True)
-                    times.append((time.perf_counter() - start) * 1000)
-                queries = len(ctx.captured_queries)
-            status = "" if response.status_code == 200 else f"  (HTTP {response.status_code})"
-            self.stdout.write(f"{statistics.median(times):9.0f} {queries:7d}  {url}{status}")
+        for template in PAGES:
+            self.time_page(client, template.format(**names), repeat, first_byte=False)
+        for template in EXPORTS:
+            self.time_page(client, template.format(**names), repeat, first_byte=True)
+
+    def time_page(self, client, url: str, repeat: int, *, first_byte: bool) -> None:
+        """The median of ``repeat`` requests after a warm-up; for a streamed response
+        (``first_byte``) until its first chunk."""
+
+        def fetch():
+            response = client.get(url, secure=True)
+            if response.streaming:
+                next(iter(response.streaming_content), b"")
+                response.close()
+            return response
+
+        fetch()  # warm-up
+        times, queries = [], 0
+        for _ in range(repeat):
+            with CaptureQueriesContext(connection) as ctx:
+                start = time.perf_counter()
+                response = fetch()
+                times.append((time.perf_counter() - start) * 1000)
+            queries = len(ctx.captured_queries)
+        status = "" if response.status_code == 200 else f"  (HTTP {response.status_code})"
+        label = f"{url}  (first byte)" if first_byte else url
+        self.stdout.write(f"{statistics.median(times):9.0f} {queries:7d}  {label}{status}")
+
+    def placeholders(self) -> dict[str, str]:
+        """The seeded load's payer and accounts (any user's when there is no seeded load)."""
+        User = get_user_model()
+        payer = User.objects.filter(username="bench-payer").first() or User.objects.order_by("id").first()
+        source = Account.objects.filter(owner=payer).order_by("id").first() or Account.objects.order_by("id").first()
+        payee = User.objects.filter(username="bench-payee").first()
+        target = (Account.objects.filter(owner=payee).order_by("id").first() if payee else None) or source
+        day = (timezone.now() - timedelta(days=10)).date().isoformat()
+        return {"payer": payer.pk if payer else 0, "source": source.pk if source else "", "target": target.pk if target
+                else "", "day": day}
 
     def seed(self, count: int) -> None:
         if not settings.DEBUG:
