@@ -392,6 +392,11 @@ def _per_user_cap(name: str, default: int) -> int:
 DELAYPAY_MAX_PENDING_PAYMENTS_PER_USER = _per_user_cap("DELAYPAY_MAX_PENDING_PAYMENTS_PER_USER", 10_000)
 DELAYPAY_MAX_ACTIVE_SERIES_PER_USER = _per_user_cap("DELAYPAY_MAX_ACTIVE_SERIES_PER_USER", 100)
 DELAYPAY_MAX_DAILY_OUTFLOW_PER_USER = _per_user_cap("DELAYPAY_MAX_DAILY_OUTFLOW_PER_USER", 10**15)
+# Per-sender fairness of the internal claim (payments/promoter.py, FairWalk): one sender's
+# payments take at most this many places in a claim while other senders' payments are due
+# (clamped to half the claim batch); with nobody else waiting it still gets the whole
+# batch. A whole number, 0 or off: plain due order.
+DELAYPAY_CLAIM_PER_SENDER = _per_user_cap("DELAYPAY_CLAIM_PER_SENDER", 50)
 
 # Degraded mode (payments/fallback.py): a promoter that has run no beat tick for AFTER
 # seconds while Redis does not answer ticks on its own timer and executes what it claims

@@ -242,6 +242,15 @@ class ScheduledPayment(models.Model):
                 name="payments_failed_idx",
             ),
             models.Index(fields=["from_account", "execute_at"], name="payments_from_account_idx"),
+            # The fair claim's hot senders (sql.CLAIM_DUE_FAIR): one sender's due internal
+            # payments, oldest first, without walking its finished history or anyone
+            # else's rows. Written when a payment is scheduled, never by a claim or a finish
+            # (no EXECUTING or finished row matches the predicate).
+            models.Index(
+                fields=["from_account", "execute_at", "id"],
+                condition=models.Q(status="SCHEDULED", next_attempt_at__isnull=True, rail=""),
+                name="payments_sender_due_idx",
+            ),
             models.Index(
                 fields=["recurring", "occurrence_at"],
                 condition=models.Q(recurring__isnull=False),

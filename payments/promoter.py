@@ -8,9 +8,12 @@ them again (attempt + 1). Redis is transport, never truth.
 """
 
 import logging
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from celery import current_app
 from django.conf import settings
@@ -43,16 +46,18 @@ class Claim:
     # Of the reclaimed, those a worker had started (it died or hung mid-way): suspects.
     started: set[Pair] = field(default_factory=set)
     dispatch_lateness: list[float] = field(default_factory=list)  # seconds, of the fresh ones
+    fresh_senders: Counter = field(default_factory=Counter)  # from_account_id: fresh rows claimed
 
     def __len__(self) -> int:
         return len(self.fresh) + len(self.reclaimed)
 
     def add_rows(self, rows) -> None:
-        """The rows a claim statement returned: (id, attempt, previous status, lateness, started)."""
-        for payment_id, attempt, previous, lateness, started in rows:
+        """The rows a claim statement returned: (id, attempt, previous status, lateness, started, sender)."""
+        for payment_id, attempt, previous, lateness, started, sender in rows:
             if previous == "SCHEDULED":
                 self.fresh.append((payment_id, attempt))
                 self.dispatch_lateness.append(lateness)
+                self.fresh_senders[sender] += 1
             else:
                 self.reclaimed.append((payment_id, attempt))
                 if started:
@@ -71,6 +76,7 @@ class TickResult:
     dispatch_lateness: list[float] = field(default_factory=list)  # claimed_at - execute_at, fresh claims
     reclaimed_pairs: list[Pair] = field(default_factory=list)
     payouts: int = 0  # payouts claimed (fresh and follow-ups), within their rails' allowance
+    hot_senders: list[str] = field(default_factory=list)  # capped per claim at the tick's end (FairWalk)
 
 
 def claim_params(*, batch: int, lease_seconds: float, actor: str = "promoter") -> dict:
@@ -78,12 +84,142 @@ def claim_params(*, batch: int, lease_seconds: float, actor: str = "promoter") -
     return {"batch": batch, "reclaim_batch": batch, "lease": float(lease_seconds), "actor": actor}
 
 
-def claim_due(*, batch: int, lease_seconds: float, actor: str = "promoter") -> Claim:
-    """Claim up to ``batch`` due rows and up to ``batch`` expired leases. Commits."""
+# How far one fair claim looks along the due order, in claim batches: far enough that a
+# hot sender's rows ahead of the others' cost the others few claims (20 x 500 = 10,000
+# entries: a 50,000-payment backlog is walked in 5 claims), near enough that such a claim
+# costs about twice a plain one (83 against 42 ms, median, on the shared 2-core machine).
+# Only the tick's first claim and the claims made while a hot sender is known walk this
+# far, and the cursor makes each stretch of the due order walked once; while no sender is
+# hot the plain CLAIM_DUE serves.
+FAIR_WALK_BATCHES = 20
+# A tick cut short (budget spent, in-flight cap reached) while a hot sender is being
+# drained hands its FairWalk to the next tick, so the next tick goes on from the cursor
+# rather than walking the hot sender's whole backlog again: without it every tick of a
+# 50,000-payment burst re-walked all of it, and the promoter, slower by that walk, became
+# the burst's bottleneck (docs/reference/benchmarks.md#fairness). A walk is carried for
+# at most this many seconds from its start: a payment that became due behind its cursor
+# (an occurrence generated late, a payment re-driven from review) waits that long at most.
+FAIR_CARRY_SECONDS = 10.0
+_WALK_START = (datetime.fromisoformat("0001-01-01T00:00:00+00:00"), "")
+_carried = threading.local()  # the degraded-mode thread (payments/fallback.py) keeps its own
+
+
+@dataclass
+class FairWalk:
+    """A tick's state of the fair claim (sql.CLAIM_DUE_FAIR): the cap, the senders found
+    hot (more than ``cap`` rows in one walk), and the cursor in the due order the next
+    claim's walk starts after. A new walk starts from the oldest due row, so a row passed
+    over (held by another promoter whose claim then rolled back) waits for the next one:
+    the next tick's, or at most FAIR_CARRY_SECONDS while a hot sender is being drained."""
+
+    cap: int
+    hot: list[str] = field(default_factory=list)
+    after: tuple[datetime, str] = _WALK_START
+    claims: int = 0
+    more: bool = True  # the due order may hold more to claim in this tick
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None  # when the last tick that used it ended
+    carry: bool = False  # the next tick goes on with it
+
+    @classmethod
+    def for_tick(cls, cap: int) -> "FairWalk":
+        """The walk a tick starts with: the previous tick's, if it was handed on (see
+        FAIR_CARRY_SECONDS) and that tick just ended, else a new one from the oldest due row."""
+        walk = getattr(_carried, "walk", None)
+        now = time.monotonic()
+        if (
+            walk is not None and walk.carry and walk.cap == cap and walk.ended is not None
+            and now - walk.ended <= 2 * settings.PROMOTER_TICK_SECONDS + 1
+            and now - walk.started <= FAIR_CARRY_SECONDS
+        ):
+            walk.carry, walk.more = False, True
+            return walk
+        walk = _carried.walk = cls(cap=cap)
+        return walk
+
+    def end_tick(self, *, cut_short: bool) -> None:
+        self.ended = time.monotonic()
+        self.carry = cut_short and bool(self.hot)
+
+    @property
+    def plain(self) -> bool:
+        """No sender is known to be hot past the tick's first (fair) claim: the plain claim
+        serves, and costs less (no walk, no second lock per row); after_plain watches it."""
+        return self.claims > 0 and not self.hot
+
+    def after_plain(self, claim: Claim, *, batch: int) -> None:
+        """A sender with more than its cap of a plain claim's rows is hot from now on: the
+        next claim is fair again, walking from the oldest due row (what the plain claims took
+        is no longer due; what is left of the hot senders' rows is what the walk passes)."""
+        cap = self._cap(batch)
+        hot = [sender for sender, n in claim.fresh_senders.most_common(self._max_hot(batch, cap)) if n > cap]
+        self.claims += 1
+        if hot:
+            self.hot, self.after, self.more = hot, _WALK_START, True
+        else:
+            self.more = False  # the plain claim's own rule: a short claim ends the tick
+
+    def _cap(self, batch: int) -> int:
+        # A cap of half the batch or more never leaves room for anyone else: clamp it, so
+        # that the fresh rows always get at least half of every claim.
+        return max(1, min(self.cap, batch // 2))
+
+    def _max_hot(self, batch: int, cap: int) -> int:
+        return max(1, batch // (2 * cap))
+
+    def params(self, batch: int) -> dict:
+        cap = self._cap(batch)
+        wide = self.claims == 0 or self.hot
+        return {
+            "cap": cap,
+            "max_hot": self._max_hot(batch, cap),
+            "hot": self.hot,
+            "walk": batch * FAIR_WALK_BATCHES if wide else batch,
+            "after_at": self.after[0],
+            "after_id": self.after[1],
+        }
+
+    def advance(self, summary: Sequence, *, walk: int) -> None:
+        """Move on after a claim, from its summary columns (see sql.CLAIM_DUE_FAIR)."""
+        walked, walk_at, walk_id, fresh, fresh_limit, fresh_at, fresh_id, hot = summary
+        self.claims += 1
+        self.hot = list(hot or [])
+        if fresh >= fresh_limit:
+            # The fresh rows filled their share (none, when the room was tiny): what the
+            # walk saw after the last one taken is walked again next time.
+            if fresh_at is not None:
+                self.after = (fresh_at, fresh_id)
+            filled = True
+        else:
+            # Every other sender's row the walk saw is claimed (or held by another
+            # promoter, which claims it): the next walk starts after this one.
+            if walk_at is not None:
+                self.after = (walk_at, walk_id)
+            filled = False
+        self.more = filled or walked >= walk or bool(self.hot)
+
+
+def claim_due(
+    *, batch: int, lease_seconds: float, actor: str = "promoter", fair: FairWalk | None = None
+) -> Claim:
+    """Claim up to ``batch`` due rows and up to ``batch`` expired leases. Commits.
+
+    ``fair``: the tick's FairWalk: claim with per-sender fairness (sql.CLAIM_DUE_FAIR)
+    and move it on; without it, plain due order (sql.CLAIM_DUE)."""
     claim = Claim()
+    params = claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor)
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(sql.CLAIM_DUE, claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor))
-        claim.add_rows(cur.fetchall())
+        if fair is None or fair.plain:
+            cur.execute(sql.CLAIM_DUE, params)
+            claim.add_rows(cur.fetchall())
+            if fair is not None:
+                fair.after_plain(claim, batch=batch)
+            return claim
+        fair_params = fair.params(batch)
+        cur.execute(sql.CLAIM_DUE_FAIR, {**params, **fair_params})
+        rows = cur.fetchall()
+        claim.add_rows([row[:6] for row in rows if row[0] is not None])
+    fair.advance(rows[0][6:], walk=fair_params["walk"])
     return claim
 
 
@@ -192,6 +328,7 @@ def promoter_run_tick(*, degraded: bool = False) -> "TickResult":
                 "executed_in_process": result.executed_in_process,
                 "in_flight": result.in_flight,
                 "capped": result.capped,
+                "hot_senders": result.hot_senders,
                 "degraded": degraded,
                 "tick_ms": round(result.seconds * 1000, 1),
                 "max_dispatch_lateness_s": round(max(result.dispatch_lateness, default=0.0), 3),
@@ -233,13 +370,20 @@ def promoter_tick(
         # Redis is down payouts wait: the promoter never calls a rail in its tick.
         payouts_tick(publish=publish_payouts, deadline=deadline, lease_seconds=lease_seconds, result=result)
     in_flight = count_in_flight()
+    # Per-sender fairness (DELAYPAY_CLAIM_PER_SENDER, 0: off): the tick's claims share one
+    # FairWalk. A fair claim can come back short or empty while the due order holds more
+    # (its walk passed a hot sender's rows, or rows another promoter holds): it goes on
+    # while the walk says so, within the budget.
+    per_sender = settings.DELAYPAY_CLAIM_PER_SENDER
+    fair = FairWalk.for_tick(per_sender) if per_sender else None
     while True:
         room = in_flight_cap - in_flight
         if room <= 0:
             result.capped = True
             break
-        claim = claim_due(batch=min(batch, room), lease_seconds=lease_seconds)
-        if not claim:
+        claim = claim_due(batch=min(batch, room), lease_seconds=lease_seconds, fair=fair)
+        more = fair is not None and fair.more
+        if not claim and not more:
             break
         result.claimed += len(claim)
         result.reclaimed += len(claim.reclaimed)
@@ -260,8 +404,11 @@ def promoter_tick(
                 result.executed_in_process += len(message)
             in_flight -= len(claim)
             break
-        if len(claim) < min(batch, room) or time.monotonic() >= deadline:
+        if (len(claim) < min(batch, room) and not more) or time.monotonic() >= deadline:
             break
+    if fair is not None:
+        fair.end_tick(cut_short=result.capped or degraded or time.monotonic() >= deadline)
+        result.hot_senders = list(fair.hot)
     result.in_flight = in_flight
     result.seconds = time.monotonic() - started
     return result

@@ -15,6 +15,40 @@ the statement expects and why it is shaped as it is.
 # Claim (promoter.py)
 # ======================================================================================
 
+# The claim's writes, shared by every claim statement (CLAIM_DUE, CLAIM_PAYOUTS_DUE,
+# CLAIM_DUE_FAIR): the rows of ``due`` become EXECUTING (attempt + 1: the fence; the
+# lease) and each gets its "claimed"/"reclaimed" event in the same statement.
+# :due_rows is how the UPDATE finds its rows.
+_CLAIM_WRITE = """), claimed AS (
+    UPDATE payments_scheduledpayment p
+       SET status = 'EXECUTING',
+           attempt = p.attempt + 1,
+           lease_until = now() + make_interval(secs => %(lease)s),
+           claimed_at = now(),
+           next_attempt_at = NULL,
+           updated_at = now()
+      FROM due
+     :due_rows
+ RETURNING p.id, p.attempt, due.status AS previous_status, due.due_at, p.execute_at, p.tried_attempt,
+           p.from_account_id
+), audit AS (
+    INSERT INTO payments_paymentevent
+           (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
+    SELECT id,
+           CASE WHEN attempt = 1 THEN 'claimed' ELSE 'reclaimed' END,
+           previous_status, 'EXECUTING', attempt, %(actor)s, '{}'::jsonb, now()
+      FROM claimed
+"""
+
+
+def _claim_write(*, due_rows: str) -> str:
+    return _CLAIM_WRITE.replace(":due_rows", due_rows)
+
+
+_FAIR_DUE_ROWS = """-- By primary key, always: with a join alone the planner may hash the whole table.
+     WHERE p.id = ANY(ARRAY(SELECT id FROM due)) AND p.id = due.id"""
+
+
 # Raw SQL because the ORM cannot say UPDATE ... FROM (SELECT ... SKIP LOCKED) RETURNING
 # with a data-modifying CTE. Internal payments only (rail = ''): payouts are claimed by
 # CLAIM_PAYOUTS_DUE below, paced and behind their rail's breaker. One statement claims,
@@ -58,39 +92,137 @@ WITH fresh AS (
     ) candidates
     ORDER BY rank
     LIMIT %(batch)s
-), claimed AS (
-    UPDATE payments_scheduledpayment p
-       SET status = 'EXECUTING',
-           attempt = p.attempt + 1,
-           lease_until = now() + make_interval(secs => %(lease)s),
-           claimed_at = now(),
-           next_attempt_at = NULL,
-           updated_at = now()
-      FROM due
-     WHERE p.id = due.id
- RETURNING p.id, p.attempt, due.status AS previous_status, due.due_at, p.execute_at, p.tried_attempt
-), audit AS (
-    INSERT INTO payments_paymentevent
-           (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
-    SELECT id,
-           CASE WHEN attempt = 1 THEN 'claimed' ELSE 'reclaimed' END,
-           previous_status, 'EXECUTING', attempt, %(actor)s, '{}'::jsonb, now()
-      FROM claimed
-)
+:claim_write)
 -- started: the expired claim had been started by a worker (it crashed or hung mid-way)
--- rather than lost before any worker saw it.
+-- rather than lost before any worker saw it. from_account_id: the promoter's per-sender
+-- fairness counts each sender's fresh rows (promoter.FairWalk).
 SELECT id, attempt, previous_status, extract(epoch FROM now() - due_at)::float8 AS lateness,
-       previous_status = 'EXECUTING' AND tried_attempt IS NOT DISTINCT FROM attempt - 1 AS started
+       previous_status = 'EXECUTING' AND tried_attempt IS NOT DISTINCT FROM attempt - 1 AS started,
+       from_account_id
   FROM claimed ORDER BY execute_at, id
 """
 
 
 def _claim_for(*, rail: str, fresh_rail: str) -> str:
     """The claim with its rail filters in place (fixed fragments, never input)."""
-    return _CLAIM_TEMPLATE.replace(":fresh_rail", fresh_rail).replace(":rail", rail)
+    return (
+        _CLAIM_TEMPLATE.replace(":claim_write", _claim_write(due_rows="WHERE p.id = due.id"))
+        .replace(":fresh_rail", fresh_rail)
+        .replace(":rail", rail)
+    )
 
 
 CLAIM_DUE = _claim_for(rail="rail = ''", fresh_rail="rail = ''")
+
+# The internal claim with per-sender fairness (DELAYPAY_CLAIM_PER_SENDER > 0; promoter.py's
+# FairWalk keeps its state between the claims of one tick). Plain due order lets one
+# sender with 50,000 payments due at midnight hold every other sender's payment due at
+# the same instant behind all of its own. Here:
+#
+# * walk: at most %(walk)s entries of the due order (payments_due_idx) from the tick's
+#   cursor, unlocked. Reading from_account_id visits each entry's heap tuple, so the walk
+#   is bounded: a claim never costs more than %(walk)s visits however large the backlog
+#   (filtering the hot senders out of an unbounded index scan visits all their rows: 18 ms
+#   for 50,000 of them, on every claim; docs/reference/benchmarks.md#fairness). The cursor
+#   (%(after_at)s, %(after_id)s) moves the next claim's walk past what this one saw, so a
+#   tick (or a walk handed from tick to tick, promoter.FAIR_CARRY_SECONDS) walks each
+#   stretch of the due order once, %(walk)s entries a claim.
+# * senders: the hot ones, those the tick already knows (%(hot)s) and those with more than
+#   %(cap)s rows in this walk; at most %(max_hot)s of them.
+# * fresh: the walk's rows of every other sender, in due order, locked one by one with
+#   SKIP LOCKED (a row another promoter holds is passed over; one that changed since the
+#   walk's snapshot is re-checked and dropped), at most %(batch)s - %(cap)s per hot sender.
+# * hot: each hot sender's oldest due rows from payments_sender_due_idx, %(cap)s of them,
+#   or an equal share of whatever room the fresh rows left: once the other senders are
+#   served the hot sender drains at the full batch (no burst rate lost to the cap).
+# * expired and retry as in CLAIM_DUE, first; then one UPDATE and one audit insert.
+#
+# Every row comes back with the walk's summary (a single summary row, id NULL, when
+# nothing was claimed): how many entries it saw and the last one, the last fresh row
+# taken, the fresh limit, and the hot senders that still had rows.
+CLAIM_DUE_FAIR = """
+WITH walk AS MATERIALIZED (
+    SELECT id, from_account_id, execute_at FROM payments_scheduledpayment
+     WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now() AND rail = ''
+       AND (execute_at, id) > (%(after_at)s::timestamptz, %(after_id)s::text)
+     ORDER BY execute_at, id
+     LIMIT %(walk)s
+), senders AS MATERIALIZED (
+    SELECT sender FROM (
+        SELECT sender, 0 AS known, 0::bigint AS n FROM unnest(%(hot)s::text[]) AS k(sender)
+        UNION ALL
+        SELECT from_account_id, 1, count(*) FROM walk GROUP BY from_account_id HAVING count(*) > %(cap)s
+    ) s
+    GROUP BY sender
+    ORDER BY min(known), max(n) DESC, sender
+    LIMIT %(max_hot)s
+), fresh AS MATERIALIZED (
+    -- The walk CTE is read in the order it was written (its ORDER BY): no re-sort.
+    SELECT p.id, p.status, p.due_at, p.execute_at, p.from_account_id
+      FROM walk w
+     CROSS JOIN LATERAL (
+        SELECT q.id, q.status, q.execute_at AS due_at, q.execute_at, q.from_account_id
+          FROM payments_scheduledpayment q
+         WHERE q.id = w.id AND q.status = 'SCHEDULED' AND q.next_attempt_at IS NULL AND q.execute_at <= now()
+           FOR NO KEY UPDATE SKIP LOCKED
+     ) p
+     WHERE w.from_account_id NOT IN (SELECT sender FROM senders)
+     LIMIT %(batch)s - %(cap)s * (SELECT count(*) FROM senders)
+), hot AS MATERIALIZED (
+    SELECT x.id, x.status, x.due_at, x.execute_at, x.from_account_id
+      FROM senders h
+     CROSS JOIN LATERAL (
+        SELECT q.id, q.status, q.execute_at AS due_at, q.execute_at, q.from_account_id
+          FROM payments_scheduledpayment q
+         WHERE q.from_account_id = h.sender AND q.status = 'SCHEDULED' AND q.next_attempt_at IS NULL
+           AND q.execute_at <= now() AND q.rail = ''
+         ORDER BY q.execute_at, q.id
+         LIMIT greatest(%(cap)s, (%(batch)s - (SELECT count(*) FROM fresh))
+                                 / greatest((SELECT count(*) FROM senders), 1))
+           FOR NO KEY UPDATE SKIP LOCKED
+     ) x
+), retry AS (
+    SELECT id, status, next_attempt_at AS due_at FROM payments_scheduledpayment
+     WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL AND next_attempt_at <= now() AND rail = ''
+     ORDER BY next_attempt_at, id
+     LIMIT %(batch)s
+       FOR NO KEY UPDATE SKIP LOCKED
+), expired AS (
+    SELECT id, status, lease_until AS due_at FROM payments_scheduledpayment
+     WHERE status = 'EXECUTING' AND lease_until < now() AND rail = ''
+     ORDER BY lease_until
+     LIMIT %(reclaim_batch)s
+       FOR NO KEY UPDATE SKIP LOCKED
+), due AS (
+    SELECT id, status, due_at FROM (
+        SELECT id, status, due_at, 0 AS rank FROM expired
+        UNION ALL SELECT id, status, due_at, 1 FROM retry
+        UNION ALL SELECT id, status, due_at, 2 FROM fresh
+        UNION ALL SELECT id, status, due_at, 2 FROM hot
+    ) candidates
+    ORDER BY rank
+    LIMIT %(batch)s
+""" + _claim_write(due_rows=_FAIR_DUE_ROWS) + """), summary AS (
+    SELECT (SELECT count(*) FROM walk) AS walked,
+           last_walk.execute_at AS walk_at, last_walk.id AS walk_id,
+           (SELECT count(*) FROM fresh) AS fresh,
+           %(batch)s - %(cap)s * (SELECT count(*) FROM senders) AS fresh_limit,
+           last_fresh.execute_at AS fresh_at, last_fresh.id AS fresh_id,
+           ARRAY(SELECT DISTINCT from_account_id FROM hot) AS hot
+      FROM (SELECT 1) one
+      -- The last row of each, by position: both are in due order already, and sorting the
+      -- walk's ids again costs more than the walk.
+      LEFT JOIN (SELECT execute_at, id FROM walk OFFSET greatest((SELECT count(*) FROM walk) - 1, 0)) last_walk ON true
+      LEFT JOIN (SELECT execute_at, id FROM fresh OFFSET greatest((SELECT count(*) FROM fresh) - 1, 0)) last_fresh
+        ON true
+)
+SELECT c.id, c.attempt, c.previous_status, extract(epoch FROM now() - c.due_at)::float8 AS lateness,
+       c.previous_status = 'EXECUTING' AND c.tried_attempt IS NOT DISTINCT FROM c.attempt - 1 AS started,
+       c.from_account_id, s.walked, s.walk_at, s.walk_id, s.fresh, s.fresh_limit, s.fresh_at, s.fresh_id, s.hot
+  FROM summary s
+  LEFT JOIN claimed c ON true
+ ORDER BY c.execute_at, c.id
+"""
 
 # The payouts' claim, one rail at a time (payments/payouts.py): the same statement over
 # that rail's rows only, its fresh rows from payments_payout_due_idx. The caller passes

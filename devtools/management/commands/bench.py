@@ -21,7 +21,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("scenario", choices=[*SCENARIOS, "payouts", "all"])
+        parser.add_argument("scenario", choices=[*SCENARIOS, "payouts", "fairness", "all"])
         parser.add_argument("--payments", type=int, help="payments to load (burst/hot-sender 100000; steady "
                             "rate x duration; backlog: the large backlog, 2000000; memory: the large level, 1000000)")
         parser.add_argument("--accounts", type=int, default=10_000, help="accounts (default 10000)")
@@ -65,10 +65,19 @@ class Command(BaseCommand):
                             help="payouts: DELAYPAY_RAIL_CONCURRENCY, calls in flight per payouts child (16)")
         parser.add_argument("--rail-batch", type=int, default=200,
                             help="payouts: DELAYPAY_RAIL_CLAIM_BATCH, payouts per claim and message (200)")
+        parser.add_argument("--others", type=int, default=1_000,
+                            help="fairness: senders with one payment each, due with the hot sender's (1000)")
+        parser.add_argument("--rounds", type=int, default=1,
+                            help="fairness: pairs of drains (cap on and off), the order alternating (1)")
+        parser.add_argument("--cap", type=int,
+                            help="fairness: DELAYPAY_CLAIM_PER_SENDER of the capped drain (default: the setting, "
+                                 "or 50 when it is off); the second drain runs with 0")
 
     def handle(self, *args, **opts):
         if opts["scenario"] == "payouts":
             return self._payouts(opts)
+        if opts["scenario"] == "fairness":
+            return self._fairness(opts)
         scenarios = list(SCENARIOS) if opts["scenario"] == "all" else [opts["scenario"]]
         if not 0 <= opts["jitter"] <= 3600:
             raise CommandError("--jitter must be between 0 and 3600 seconds, like jitter_seconds")
@@ -154,6 +163,37 @@ class Command(BaseCommand):
             result = payouts.run(options, redis_url=private_redis.url, log_dir=log_root, run_id=stamp.replace("-", ""),
                                  say=say)
         self.stdout.write(payouts.summary(result))
+        result = {**result, "machine": machine(), "started_at": stamp}
+        if opts["json"]:
+            opts["json"].parent.mkdir(parents=True, exist_ok=True)
+            opts["json"].write_text(json.dumps(result, indent=2, default=str) + "\n")
+            self.stdout.write(f"JSON written to {opts['json']}")
+        if not result["correct"]:
+            raise CommandError("the correctness check failed (see 'correct' above)")
+
+    def _fairness(self, opts: dict) -> None:
+        """``bench fairness``: devtools/bench/fairness.py."""
+        from django.conf import settings
+
+        from devtools.bench import fairness
+
+        cap = opts["cap"] if opts["cap"] is not None else (settings.DELAYPAY_CLAIM_PER_SENDER or 50)
+        if cap < 1:
+            raise CommandError("--cap must be 1 or more (the second drain runs with the cap off)")
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        log_root = opts["out"] / f"fairness-{stamp}"
+        log_root.mkdir(parents=True, exist_ok=True)
+        say = lambda line: self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {line}")  # noqa: E731
+        options = fairness.FairnessOptions(
+            hot=opts["payments"] or 50_000, others=opts["others"], cap=cap, rounds=max(1, opts["rounds"]),
+            workers=opts["workers"], concurrency=opts["concurrency"], lead=opts["lead"], timeout=opts["timeout"],
+            keep=opts["keep"],
+        )
+        with PrivateRedis(port=pick_port(56380), directory=log_root) as private_redis:
+            use_broker(private_redis.url)
+            result = fairness.run(options, redis_url=private_redis.url, log_dir=log_root,
+                                  run_id=stamp.replace("-", ""), say=say)
+        self.stdout.write(fairness.summary(result))
         result = {**result, "machine": machine(), "started_at": stamp}
         if opts["json"]:
             opts["json"].parent.mkdir(parents=True, exist_ok=True)
