@@ -116,6 +116,35 @@ DATABASES["default"].setdefault("TEST", {})
 if env("DJANGO_TEST_DATABASE_NAME", default=""):
     DATABASES["default"]["TEST"]["NAME"] = env("DJANGO_TEST_DATABASE_NAME")
 
+# A streaming read replica (docs/how-to/read-replica.md): when set, GET and HEAD of the API's
+# payment, account, recurring and payee views read there (delaypay/db_router.py), unless the
+# user wrote within READ_YOUR_WRITES seconds or the replica is down or more than MAX_LAG
+# seconds behind (checked at most every CHECK seconds per process). Everything else, every
+# write and every migration stays on the primary. Unset: no router, no middleware, no alias.
+DATABASE_REPLICA_URL = env("DATABASE_REPLICA_URL", default="")
+DELAYPAY_REPLICA_MAX_LAG_SECONDS = env.float("DELAYPAY_REPLICA_MAX_LAG_SECONDS", default=2.0)
+DELAYPAY_REPLICA_CHECK_SECONDS = env.float("DELAYPAY_REPLICA_CHECK_SECONDS", default=1.0)
+DELAYPAY_READ_YOUR_WRITES_SECONDS = env.float("DELAYPAY_READ_YOUR_WRITES_SECONDS", default=5.0)
+if min(DELAYPAY_REPLICA_MAX_LAG_SECONDS, DELAYPAY_REPLICA_CHECK_SECONDS) <= 0 or DELAYPAY_READ_YOUR_WRITES_SECONDS < 0:
+    raise ImproperlyConfigured(
+        "DELAYPAY_REPLICA_MAX_LAG_SECONDS and DELAYPAY_REPLICA_CHECK_SECONDS must be above 0, "
+        "DELAYPAY_READ_YOUR_WRITES_SECONDS 0 or more"
+    )
+if DATABASE_REPLICA_URL:
+    DATABASES["replica"] = env.db_url_config(DATABASE_REPLICA_URL)
+    DATABASES["replica"]["CONN_MAX_AGE"] = DATABASES["default"]["CONN_MAX_AGE"]
+    DATABASES["replica"]["CONN_HEALTH_CHECKS"] = True
+    _replica_options = DATABASES["replica"].setdefault("OPTIONS", {})
+    _replica_options["options"] = session_options(_replica_options.get("options"), {"jit": "off"})
+    # A replica that does not answer must cost a request little (libpq's minimum is 2 s).
+    _replica_options.setdefault("connect_timeout", 2)
+    # Tests run with a replica configured read the test database through it.
+    DATABASES["replica"]["TEST"] = {"MIRROR": "default"}
+    DATABASE_ROUTERS = ["delaypay.db_router.PrimaryReplicaRouter"]
+    # Innermost: it wraps the view alone (and answers a read again from the primary when
+    # the replica fails during it, before any other middleware sees the error).
+    MIDDLEWARE.append("delaypay.read_routing.ReadReplicaMiddleware")
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
