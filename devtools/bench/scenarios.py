@@ -28,6 +28,7 @@ from payments.sql import CLAIM_DUE
 
 from . import loader
 from .check import check_run
+from .cpu import CpuMeter
 from .measure import db_now, fetch_timings, figures, sleep_until, wait_drained
 from .pgbench import run_pgbench
 from .rss import RssSampler, snapshot
@@ -178,6 +179,26 @@ def _timing(opts: Options) -> tuple[str, float]:
 DRAIN_VARIANTS = ("delaypay", "no-outbox", "webhooks")
 
 
+# What one payment leaves on disk: its row, its events and attempts, its transfer (with
+# their indexes). The capacity model multiplies it by the rows kept.
+STORED_TABLES = ("payments_scheduledpayment", "payments_paymentevent", "payments_executionattempt", "ledger_transfer")
+
+
+def table_bytes() -> dict[str, int]:
+    """Each table's size on disk with its indexes and TOAST, after the drain."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT relname, pg_total_relation_size(oid) FROM pg_class WHERE relname = ANY(%s)",
+                    [list(STORED_TABLES)])
+        return dict(cur.fetchall())
+
+
+def wal_position() -> int:
+    """The server's WAL insert position in bytes (for the WAL a drain writes)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+        return int(cur.fetchone()[0])
+
+
 def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str = "delaypay") -> dict:
     """delaypay on the real stack: load, wait for the due instant, drain, measure, check.
     ``variant``: "delaypay" as deployed with no endpoint (events stay in the outbox);
@@ -221,6 +242,8 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str
             )
             last_due = due_at + timedelta(seconds=window)
             sleep_until(due_at)
+            meter = CpuMeter(lambda: stack_pids(stack), database=connection.settings_dict["NAME"]).start()
+            wal_before = wal_position()
             if opts.profile:
                 from .profile import Profiler
 
@@ -233,6 +256,10 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str
             if hooks:
                 opts.say("  payments drained; waiting for every event to be delivered")
                 observed_hooks = webhooks.wait_delivered(timeout=opts.timeout, on_poll=_backlog_printer(opts))
+            # The per-payment costs of the capacity model (devtools/capacity.py): CPU seconds
+            # per process kind and the WAL written, over the drain.
+            result["cpu_seconds"] = meter.stop()
+            result["wal_bytes"] = wal_position() - wal_before
             if profiler is not None:
                 result["profile_files"] = [str(p) for p in profiler.stop()]
                 profiler = None
@@ -249,6 +276,7 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str
         result.update(figures(fetch_timings(due_from=due_at, due_to=last_due)))
         check = check_run(expected_failed=loader.underfunded_ids(loaded.first, loaded.last))
         result.update({
+            "table_bytes": table_bytes(),
             "load_s": round(load_s, 1),
             "drain_observed_s": None if observed is None else round(observed, 2),
             "expected_failed": loaded.underfunded,
@@ -360,7 +388,7 @@ def drain_naive(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
 def run_drain(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
     out: dict = {"scenario": opts.scenario, "payments": opts.n_payments, "accounts": opts.accounts,
                  "workers": opts.workers, "concurrency": opts.concurrency, "jitter_s": opts.jitter,
-                 "knobs": knobs()}
+                 "cores": os.cpu_count(), "knobs": knobs()}
     if opts.scenario == "steady":
         out["rate"] = opts.rate
     pgb_before = _pgbench(opts, log_dir, "before")
