@@ -140,7 +140,7 @@ CLAIM_DUE = _claim_for(rail="rail = ''", fresh_rail="rail = ''")
 # Every row comes back with the walk's summary (a single summary row, id NULL, when
 # nothing was claimed): how many entries it saw and the last one, the last fresh row
 # taken, the fresh limit, and the hot senders that still had rows.
-CLAIM_DUE_FAIR = """
+_CLAIM_DUE_FAIR_TEMPLATE = """
 WITH walk AS MATERIALIZED (
     SELECT id, from_account_id, execute_at FROM payments_scheduledpayment
      WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now() AND rail = ''
@@ -202,7 +202,7 @@ WITH walk AS MATERIALIZED (
     ) candidates
     ORDER BY rank
     LIMIT %(batch)s
-""" + _claim_write(due_rows=_FAIR_DUE_ROWS) + """), summary AS (
+:claim_write), summary AS (
     SELECT (SELECT count(*) FROM walk) AS walked,
            last_walk.execute_at AS walk_at, last_walk.id AS walk_id,
            (SELECT count(*) FROM fresh) AS fresh,
@@ -223,6 +223,7 @@ SELECT c.id, c.attempt, c.previous_status, extract(epoch FROM now() - c.due_at):
   LEFT JOIN claimed c ON true
  ORDER BY c.execute_at, c.id
 """
+CLAIM_DUE_FAIR = _CLAIM_DUE_FAIR_TEMPLATE.replace(":claim_write", _claim_write(due_rows=_FAIR_DUE_ROWS))
 
 # The payouts' claim, one rail at a time (payments/payouts.py): the same statement over
 # that rail's rows only, its fresh rows from payments_payout_due_idx. The caller passes
