@@ -16,9 +16,10 @@ from payments.promoter import claim_due, claim_params
 pytestmark = pytest.mark.django_db
 
 
-def plan_nodes(sql: str, params: dict) -> list[dict]:
+def plan_nodes(sql: str, params: dict, *, analyze: bool = False) -> list[dict]:
+    """Every node of ``sql``'s plan (``analyze``: run it, with the actual row counts)."""
     with connection.cursor() as cur:
-        cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        cur.execute(("EXPLAIN (ANALYZE, FORMAT JSON) " if analyze else "EXPLAIN (FORMAT JSON) ") + sql, params)
         plan = cur.fetchone()[0]
     plan = json.loads(plan) if isinstance(plan, str) else plan
     nodes, stack = [], [plan[0]["Plan"]]

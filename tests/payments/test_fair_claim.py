@@ -6,7 +6,6 @@ the others' payments are in the first claims of the tick, and the hot sender sti
 drains at the full batch once nobody else is waiting.
 """
 
-import json
 import os
 import subprocess  # nosec B404: the settings module is imported in a child with a test environment
 import sys
@@ -22,6 +21,7 @@ from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import FAIR_WALK_BATCHES, FairWalk, claim_due, claim_params, promoter_tick
 from tests.concurrency import Racers
 from tests.factories import funded_account
+from tests.payments.test_execution_plans import plan_nodes
 
 BATCH = 100
 CAP = 20
@@ -209,15 +209,7 @@ def test_a_fair_claim_reads_a_bounded_walk_however_large_the_hot_backlog():
     batch = 50
     fair = FairWalk(cap=10, hot=[hot_sender.id], claims=1)  # mid-tick: the hot sender is known
     params = {**claim_params(batch=batch, lease_seconds=60), **fair.params(batch)}
-    with connection.cursor() as cur:
-        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.CLAIM_DUE_FAIR, params)
-        plan = cur.fetchone()[0]
-    plan = json.loads(plan) if isinstance(plan, str) else plan
-    nodes, stack = [], [plan[0]["Plan"]]
-    while stack:
-        node = stack.pop()
-        nodes.append(node)
-        stack.extend(node.get("Plans", []))
+    nodes = plan_nodes(sql.CLAIM_DUE_FAIR, params, analyze=True)
     scans = [n for n in nodes if n.get("Relation Name") == "payments_scheduledpayment"]
     assert scans
     for node in scans:
