@@ -352,13 +352,22 @@ CELERY_WORKER_SEND_TASK_EVENTS = False
 CELERY_DB_REUSE_MAX = env.int("DELAYPAY_DB_REUSE_MAX", default=1000)
 
 PROMOTER_TICK_SECONDS = env.float("DELAYPAY_TICK_SECONDS", default=1.0)
+# Claim shards (payments/promoter.py, Shard): each period the beat sends one tick per
+# shard, each claiming the due rows whose id hashes to it, so that several `promoter`
+# processes claim side by side. 1: one tick claims everything.
+DELAYPAY_CLAIM_SHARDS = env.int("DELAYPAY_CLAIM_SHARDS", default=1)
+if not 1 <= DELAYPAY_CLAIM_SHARDS <= 64:
+    raise ImproperlyConfigured("DELAYPAY_CLAIM_SHARDS must be between 1 and 64")
 CELERY_BEAT_SCHEDULE = {
-    "promoter-tick": {
+    ("promoter-tick" if shard == 0 else f"promoter-tick-shard-{shard}"): {
         "task": "payments.tasks.promoter_tick",
         "schedule": PROMOTER_TICK_SECONDS,
+        "kwargs": {"shard": shard, "shards": DELAYPAY_CLAIM_SHARDS},
         # A tick that waited longer than one period is worthless: drop it.
         "options": {"queue": "promoter", "expires": PROMOTER_TICK_SECONDS},
-    },
+    }
+    for shard in range(DELAYPAY_CLAIM_SHARDS)
+} | {
     # Webhooks (webhooks/dispatcher.py): fan out new events and deliver what is due.
     "webhooks-dispatch": {
         "task": "webhooks.tasks.dispatch",
@@ -373,6 +382,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "payments.tasks.reconcile_settlement_daily",
         "schedule": crontab(hour=env.int("DELAYPAY_SETTLEMENT_HOUR", default=2), minute=7),
         "options": {"queue": "execute", "expires": 3600},
+    },
+    # The executor's start markers of attempts that ended (payments/execution.py): on the
+    # execute queue, a short DELETE a minute.
+    "purge-start-markers": {
+        "task": "payments.tasks.purge_start_markers",
+        "schedule": 60.0,
+        "options": {"queue": "execute", "expires": 60},
     },
     "reconcile-daily": {
         "task": "payments.tasks.reconcile_daily",

@@ -182,6 +182,13 @@ class Options:
     cluster: str = "delaypay_chaos"
     log_dir: Path = Path("var/chaos")
     keep: bool = False
+    # DELAYPAY_CLAIM_SHARDS, and as many promoter processes (promoter, promoter2, ...): the
+    # claim split by shard, each promoter killed and restarted by the plan in turn.
+    shards: int = 1
+
+    @property
+    def promoters(self) -> list[str]:
+        return ["promoter", *(f"promoter{n}" for n in range(2, self.shards + 1))]
 
 
 def burst_offsets(window: float) -> list[float]:
@@ -428,7 +435,7 @@ class Injector:
         self.workers = workers
         self.receiver = receiver
         self.gateway = gateway  # a control client of the gateway process the stack runs
-        self.core = [*workers, "promoter", "beat", *(["webhooks"] if receiver is not None else []),
+        self.core = [*workers, *options.promoters, "beat", *(["webhooks"] if receiver is not None else []),
                      *(["payouts", "gateway"] if gateway is not None else [])]
         self.down: set[str] = set()  # deliberately stopped, not for the supervisor to restart
         self.paused: dict[str, int] = {}  # name -> process group we stopped
@@ -585,6 +592,8 @@ class Injector:
             return []
         if kind in ("kill_promoter", "kill_beat", "kill_webhooks"):
             name = kind.removeprefix("kill_")
+            if kind == "kill_promoter":
+                name = self.options.promoters[fault.target % len(self.options.promoters)]
             if kind == "kill_webhooks" and (name not in self.core or name in self.down):
                 return self._skip(fault)
             self.down.add(name)
@@ -792,6 +801,7 @@ def stack_env(options: Options, redis: PrivateRedis) -> dict[str, str]:
         "DELAYPAY_CLAIM_BATCH": str(options.batch),
         "DELAYPAY_INFLIGHT_CAP": str(options.inflight_cap),
         "DELAYPAY_MAX_ATTEMPTS": str(options.max_attempts),
+        "DELAYPAY_CLAIM_SHARDS": str(options.shards),
         "DELAYPAY_LOG_LEVEL": "INFO",
         **(WEBHOOK_ENV if options.webhooks else {}),
     }
@@ -1147,7 +1157,8 @@ def run(options: Options, *, say) -> Outcome:
     log_dir = Path(options.log_dir) / f"seed-{options.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
     (log_dir / "plan.txt").write_text("".join(f"{f.describe()}\n" for f in plan))
-    say(f"chaos: seed={options.seed} plan={plan_digest(plan)} ({len(plan)} faults, {log_dir / 'plan.txt'})")
+    say(f"chaos: seed={options.seed} plan={plan_digest(plan)} ({len(plan)} faults, {log_dir / 'plan.txt'}); "
+        f"{options.shards} claim shard(s), {len(options.promoters)} promoter(s)")
 
     taken = {port for _, _, port in PrivatePostgres.clusters()}
     pg = PrivatePostgres(
@@ -1188,6 +1199,8 @@ def run(options: Options, *, say) -> Outcome:
         stack = Stack(log_dir, env=env)
         workers = [f"worker{i + 1}" for i in range(options.workers)]
         stack.start_all(workers=options.workers, concurrency=options.concurrency)
+        for name in options.promoters[1:]:
+            stack.start_promoter(name)
         if receiver is not None:
             stack.start_webhooks()
         if gateway is not None:
@@ -1198,7 +1211,7 @@ def run(options: Options, *, say) -> Outcome:
                             receiver=receiver, gateway=gateway)
 
         # Booting Celery is CPU-heavy: let it finish before timing the workload.
-        stack.wait_ready([*workers, "promoter", *(["webhooks"] if receiver else []),
+        stack.wait_ready([*workers, *options.promoters, *(["webhooks"] if receiver else []),
                           *(["payouts"] if gateway else [])], timeout=120)
         lead = 3.0 + options.payments / 2000  # time to write the payments before the first is due
         workload = build_workload(options, lead_seconds=lead, webhook_url=receiver.url if receiver else None)

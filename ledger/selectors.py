@@ -2,10 +2,10 @@
 
 from datetime import datetime
 
-from django.db import connection
 from django.db.models import Q, QuerySet
 
 from common.authz import staff_may_view
+from common.db import bound_cursor
 
 from . import sql
 from .models import Account, DepositRequest, StaffAction, Transfer
@@ -50,7 +50,7 @@ def transfer_times(*, keys: list[str]) -> dict[str, datetime]:
     "did this money already move?"."""
     if not keys:
         return {}
-    with connection.cursor() as cur:
+    with bound_cursor() as cur:
         cur.execute(sql.TRANSFER_TIMES, [list(keys)])
         return dict(cur.fetchall())
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from common.db import bound_cursor
 from common.ids import new_id
 
 from . import sql
@@ -128,7 +129,7 @@ def ledger_preview_batch(*, postings: Sequence[Posting]) -> dict[str, PostResult
     _check_postings(postings)
     if not postings:
         return {}
-    with connection.cursor() as cur:
+    with bound_cursor() as cur:
         return _decide(cur, postings, lock=False)[0]
 
 
@@ -145,7 +146,7 @@ def ledger_post_batch(*, postings: Sequence[Posting]) -> dict[str, PostResult]:
     if not postings:
         return {}
 
-    with connection.cursor() as cur:
+    with bound_cursor() as cur:
         results, deltas, new_transfers = _decide(cur, postings, lock=True)
         if new_transfers:
             # Set-based writes: one INSERT and one UPDATE for the whole batch.

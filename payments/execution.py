@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
+from common.db import bound_cursor
 from ledger.selectors import transfer_times
 from ledger.services import Outcome, Posting, PostResult, ledger_post_batch, ledger_preview_batch
 
@@ -168,7 +169,7 @@ def _execute_batch(*, pairs: list[Pair], worker: str | None, forecast: bool) -> 
     result = BatchResult()
     if not pairs:
         return result
-    with transaction.atomic(), connection.cursor() as cur:
+    with transaction.atomic(), bound_cursor() as cur:
         started_at = _db_now(cur)
         locked, result.stale = lock_fenced(cur, pairs)
         ending = ending_reasons(locked)
@@ -296,19 +297,32 @@ def record_stale(cur, stale: list[Pair], *, started_at: datetime, worker: str) -
     cur.execute(sql.INSERT_STALE_ATTEMPTS, [started_at, worker, [p[0] for p in stale], [p[1] for p in stale]])
 
 
-def mark_started(pairs: list[Pair]) -> int:
-    """A worker starts these (payment, attempt) pairs: one try more for each still
-    EXECUTING at that attempt (once per claim). Commits on its own, before the batch's
-    transaction, so that a worker that dies mid-way has still spent the try. Returns
-    how many rows were marked."""
+def mark_started(pairs: list[Pair], *, statement: str = sql.MARK_STARTED) -> int:
+    """A worker starts these (payment, attempt) pairs: one try more for each, once per
+    claim (a start marker; see sql.MARK_STARTED). Commits on its own, before the batch's
+    transaction, so that a worker that dies mid-way has still spent the try. Returns how
+    many were new. ``statement``: sql.MARK_STARTED_IN_ROW for payouts, whose count stays
+    on the row."""
     if not pairs:
         return 0
-    with transaction.atomic(), connection.cursor() as cur:
+    with transaction.atomic(), bound_cursor() as cur:
         # No wait for the WAL flush: the marker guards against a worker dying, not the
         # database; a database crash that loses it loses a try, never a payment.
         cur.execute(sql.ASYNC_COMMIT)
-        cur.execute(sql.MARK_STARTED, fence_params([p[0] for p in pairs], [p[1] for p in pairs]))
+        cur.execute(statement, fence_params([p[0] for p in pairs], [p[1] for p in pairs]))
         return cur.rowcount
+
+
+def purge_start_markers(*, batch: int = 50_000) -> int:
+    """Delete the start markers no attempt needs any more (sql.PURGE_START_MARKERS),
+    ``batch`` a transaction. Returns the count."""
+    deleted = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(sql.PURGE_START_MARKERS, [batch])
+            deleted += cur.rowcount
+            if cur.rowcount < batch:
+                return deleted
 
 
 def retry_delay_seconds(tries: int) -> float:

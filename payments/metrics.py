@@ -17,10 +17,12 @@ Names and meanings are listed in docs/reference/operations.md ("Metrics").
 
 import bisect
 import logging
+import math
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.db import DatabaseError
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -326,6 +328,17 @@ class ScheduleCollector(Collector):
                                   "Seconds since the last promoter tick, on the database clock.",
                                   value=tick.age_seconds),
             ]
+        if settings.DELAYPAY_CLAIM_SHARDS > 1:
+            # Each shard of this configuration; one that never ticked reads +Inf (the alert fires).
+            shards = GaugeMetricFamily(
+                "delaypay_promoter_shard_last_tick_age_seconds",
+                "Seconds since the last tick of each claim shard (DELAYPAY_CLAIM_SHARDS), on the database clock.",
+                labels=["shard"],
+            )
+            for index in range(settings.DELAYPAY_CLAIM_SHARDS):
+                beat = beats.get(Heartbeat.shard_name(index))
+                shards.add_metric([str(index)], beat.age_seconds if beat is not None else math.inf)
+            families.append(shards)
         reconcile = beats.get(Heartbeat.RECONCILE)
         if reconcile is not None:
             families += [

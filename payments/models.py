@@ -493,16 +493,35 @@ class IdempotencyKey(models.Model):
         return f"{self.actor_id}:{self.key}"
 
 
+class StartMarker(models.Model):
+    """A worker started this (payment, attempt): the executor's start marker (sql.MARK_STARTED,
+    docs/decisions/0008-start-markers-off-the-row.md). Counted in the payment's ``tries``
+    when the attempt ends or its lease expires; deleted by the purge once no attempt
+    needs it. An UNLOGGED table (migration 0017): a PostgreSQL crash empties it. Written
+    and read by raw SQL only; the model is here so the schema and tests know the table."""
+
+    pk = models.CompositePrimaryKey("payment_id", "attempt")
+    payment_id = models.CharField(max_length=40)
+    attempt = models.IntegerField()
+    started_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"{self.payment_id} attempt {self.attempt} started at {self.started_at}"
+
+
 class Heartbeat(models.Model):
     """The last time a periodic job ran and what it reported, shared by every host.
 
     ``promoter`` is written by every promoter tick (readiness and the stalled-promoter
-    alert read it); ``reconcile`` by the reconcile command (``value`` = violations found).
+    alert read it), and ``promoter:shard:K`` by every tick of claim shard K when the claim
+    is sharded (the stalled-shard alert reads those); ``reconcile`` by the reconcile
+    command (``value`` = violations found).
     Times come from the database clock, so hosts' clocks never disagree about an age.
     """
 
     PROMOTER = "promoter"
     RECONCILE = "reconcile"
+    PROMOTER_SHARD = "promoter:shard:"  # + the shard's index: its ticks, when DELAYPAY_CLAIM_SHARDS > 1
 
     name = models.CharField(primary_key=True, max_length=40)
     beat_at = models.DateTimeField(db_default=Now())
@@ -510,6 +529,10 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} at {self.beat_at}"
+
+    @classmethod
+    def shard_name(cls, index: int) -> str:
+        return f"{cls.PROMOTER_SHARD}{index}"
 
 
 # --- Payouts: money that leaves the ledger through a payment rail (docs/reference/payouts.md)

@@ -296,7 +296,7 @@ def run_payout_batch(pairs: list[Pair], *, worker: str | None = None) -> BatchRe
     worker = worker or worker_name()
     pairs = list(dict.fromkeys((str(pid), int(att)) for pid, att in pairs))
     started = time.perf_counter()
-    mark_started(pairs)
+    mark_started(pairs, statement=sql.MARK_STARTED_IN_ROW)
     works, result = retry_conflicts(lambda: prepare(pairs, worker=worker))
     answers = call_rails(works)
     if answers:

@@ -84,6 +84,51 @@ def claim_params(*, batch: int, lease_seconds: float, actor: str = "promoter") -
     return {"batch": batch, "reclaim_batch": batch, "lease": float(lease_seconds), "actor": actor}
 
 
+HASH_RANGE = 2**31  # sql.SHARD_HASH: hashtext(id) with its sign bit off, 0 .. 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which part of the due rows a tick claims (DELAYPAY_CLAIM_SHARDS): the rows whose id
+    hashes into the ``index``-th of ``count`` equal slices of the hash range
+    (sql.CLAIM_DUE_SHARD). The beat sends one tick per shard each period; any promoter
+    process takes any shard's tick, so a shard waits for none in particular. ``ALL``
+    (count 1): every row, today's single claim."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self):
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard {self.index} of {self.count} does not exist")
+
+    @property
+    def sharded(self) -> bool:
+        return self.count > 1
+
+    @property
+    def first(self) -> bool:
+        """The shard whose tick also does the once-per-period work (recurring generation,
+        payouts): a tick of every shard would only contend for the same rows."""
+        return self.index == 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.index}/{self.count}"
+
+    def params(self) -> dict:
+        """The bounds of the shard's slice of the hash range (sql.CLAIM_DUE_SHARD)."""
+        if not self.sharded:
+            return {}
+        return {
+            "shard_low": self.index * HASH_RANGE // self.count,
+            "shard_high": (self.index + 1) * HASH_RANGE // self.count,
+        }
+
+
+Shard.ALL = Shard()
+
+
 # How far one fair claim looks along the due order, in claim batches: far enough that a
 # hot sender's rows ahead of the others' cost the others few claims (20 x 500 = 10,000
 # entries: a 50,000-payment backlog is walked in 5 claims), near enough that such a claim
@@ -122,10 +167,12 @@ class FairWalk:
     carry: bool = False  # the next tick goes on with it
 
     @classmethod
-    def for_tick(cls, cap: int) -> "FairWalk":
-        """The walk a tick starts with: the previous tick's, if it was handed on (see
-        FAIR_CARRY_SECONDS) and that tick just ended, else a new one from the oldest due row."""
-        walk = getattr(_carried, "walk", None)
+    def for_tick(cls, cap: int, shard: "Shard" = Shard.ALL) -> "FairWalk":
+        """The walk a tick starts with: the previous tick's of the same shard, if it was
+        handed on (see FAIR_CARRY_SECONDS) and that tick just ended, else a new one from the
+        oldest due row (of the shard)."""
+        walks = _carried.__dict__.setdefault("walks", {})
+        walk = walks.get(shard)
         now = time.monotonic()
         if (
             walk is not None and walk.carry and walk.cap == cap and walk.ended is not None
@@ -134,7 +181,7 @@ class FairWalk:
         ):
             walk.carry, walk.more = False, True
             return walk
-        walk = _carried.walk = cls(cap=cap)
+        walk = walks[shard] = cls(cap=cap)
         return walk
 
     def end_tick(self, *, cut_short: bool) -> None:
@@ -200,23 +247,25 @@ class FairWalk:
 
 
 def claim_due(
-    *, batch: int, lease_seconds: float, actor: str = "promoter", fair: FairWalk | None = None
+    *, batch: int, lease_seconds: float, actor: str = "promoter", fair: FairWalk | None = None,
+    shard: Shard = Shard.ALL,
 ) -> Claim:
     """Claim up to ``batch`` due rows and up to ``batch`` expired leases. Commits.
 
     ``fair``: the tick's FairWalk: claim with per-sender fairness (sql.CLAIM_DUE_FAIR)
-    and move it on; without it, plain due order (sql.CLAIM_DUE)."""
+    and move it on; without it, plain due order (sql.CLAIM_DUE). ``shard``: only that
+    shard's rows (the _SHARD variants of both)."""
     claim = Claim()
-    params = claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor)
+    params = {**claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor), **shard.params()}
     with transaction.atomic(), connection.cursor() as cur:
         if fair is None or fair.plain:
-            cur.execute(sql.CLAIM_DUE, params)
+            cur.execute(sql.CLAIM_DUE_SHARD if shard.sharded else sql.CLAIM_DUE, params)
             claim.add_rows(cur.fetchall())
             if fair is not None:
                 fair.after_plain(claim, batch=batch)
             return claim
         fair_params = fair.params(batch)
-        cur.execute(sql.CLAIM_DUE_FAIR, {**params, **fair_params})
+        cur.execute(sql.CLAIM_DUE_FAIR_SHARD if shard.sharded else sql.CLAIM_DUE_FAIR, {**params, **fair_params})
         rows = cur.fetchall()
         claim.add_rows([row[:6] for row in rows if row[0] is not None])
     fair.advance(rows[0][6:], walk=fair_params["walk"])
@@ -301,16 +350,25 @@ def execute_in_process(pairs: list[Pair]) -> None:
     run_batch([tuple(p) for p in pairs], worker=f"promoter:{worker_name()}")
 
 
-def promoter_run_tick(*, degraded: bool = False) -> "TickResult":
+def promoter_run_tick(*, degraded: bool = False, shard: Shard = Shard.ALL) -> "TickResult":
     """One beat tick (the promoter_tick task): generate due recurring occurrences, claim
     due payments and publish them, then record the heartbeat, metrics and log lines.
-    ``degraded``: a tick of the fallback while Redis is down (payments/fallback.py)."""
-    # Never raises: in bounded batches, a series that cannot be generated now (a lock
-    # timeout, a deadlock, bad data) is rolled back alone, logged, counted and tried again
-    # next tick, and the claim below goes ahead (payments/series.py).
-    recurring_generate_due()
-    result = promoter_tick(degraded=degraded)
+    ``degraded``: a tick of the fallback while Redis is down (payments/fallback.py).
+    ``shard``: the tick's claim shard (DELAYPAY_CLAIM_SHARDS); recurring generation and
+    payouts are the first shard's work."""
+    if shard.first:
+        # Never raises: in bounded batches, a series that cannot be generated now (a lock
+        # timeout, a deadlock, bad data) is rolled back alone, logged, counted and tried
+        # again next tick, and the claim below goes ahead (payments/series.py).
+        recurring_generate_due()
+    result = promoter_tick(degraded=degraded, shard=shard)
     services.heartbeat_record(name=Heartbeat.PROMOTER)
+    if shard.sharded:
+        services.heartbeat_record(name=Heartbeat.shard_name(shard.index))
+    elif settings.DELAYPAY_CLAIM_SHARDS > 1:
+        # A tick of every shard (degraded mode's own timer): each shard was served.
+        for index in range(settings.DELAYPAY_CLAIM_SHARDS):
+            services.heartbeat_record(name=Heartbeat.shard_name(index))
     metrics.record_tick(result)
     for payment_id, attempt in result.reclaimed_pairs:
         outcome_logger.info(
@@ -329,6 +387,7 @@ def promoter_run_tick(*, degraded: bool = False) -> "TickResult":
                 "in_flight": result.in_flight,
                 "capped": result.capped,
                 "hot_senders": result.hot_senders,
+                "shard": shard.label,
                 "degraded": degraded,
                 "tick_ms": round(result.seconds * 1000, 1),
                 "max_dispatch_lateness_s": round(max(result.dispatch_lateness, default=0.0), 3),
@@ -347,6 +406,7 @@ def promoter_tick(
     in_flight_cap: int | None = None,
     degraded: bool = False,
     publish_payouts: Callable[[Sequence[list[Pair]]], None] = publish_payouts,
+    shard: Shard = Shard.ALL,
 ) -> TickResult:
     """Claim and publish until nothing is due, the budget is spent or the cap is hit.
 
@@ -355,6 +415,8 @@ def promoter_tick(
     their lease to expire nor burn an attempt; the tick then stops claiming.
     ``degraded`` (Redis is known to be down, payments/fallback.py): no publish is tried;
     one claim is executed in-process, as when publishing fails.
+    ``shard``: claim that shard's rows only, within its share of the in-flight cap (the
+    K shards' ticks run side by side, each counting the same in-flight payments).
     """
     batch = batch or settings.DELAYPAY_CLAIM_BATCH
     lease_seconds = lease_seconds or settings.DELAYPAY_LEASE_SECONDS
@@ -364,24 +426,26 @@ def promoter_tick(
     started = time.monotonic()
     deadline = started + budget_seconds
     result = TickResult()
-    if not degraded:
+    if not degraded and shard.first:
         # Payouts first: their claims are bounded by their rails' pacing, so they never
         # starve the internal claims below, which go on until the budget is spent. While
         # Redis is down payouts wait: the promoter never calls a rail in its tick.
         payouts_tick(publish=publish_payouts, deadline=deadline, lease_seconds=lease_seconds, result=result)
     in_flight = count_in_flight()
+    if shard.sharded:
+        in_flight_cap = in_flight + max(0, in_flight_cap - in_flight) // shard.count
     # Per-sender fairness (DELAYPAY_CLAIM_PER_SENDER, 0: off): the tick's claims share one
     # FairWalk. A fair claim can come back short or empty while the due order holds more
     # (its walk passed a hot sender's rows, or rows another promoter holds): it goes on
     # while the walk says so, within the budget.
     per_sender = settings.DELAYPAY_CLAIM_PER_SENDER
-    fair = FairWalk.for_tick(per_sender) if per_sender else None
+    fair = FairWalk.for_tick(per_sender, shard) if per_sender else None
     while True:
         room = in_flight_cap - in_flight
         if room <= 0:
             result.capped = True
             break
-        claim = claim_due(batch=min(batch, room), lease_seconds=lease_seconds, fair=fair)
+        claim = claim_due(batch=min(batch, room), lease_seconds=lease_seconds, fair=fair, shard=shard)
         more = fair is not None and fair.more
         if not claim and not more:
             break

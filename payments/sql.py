@@ -17,11 +17,16 @@ the statement expects and why it is shaped as it is.
 
 # The claim's writes, shared by every claim statement (CLAIM_DUE, CLAIM_PAYOUTS_DUE,
 # CLAIM_DUE_FAIR): the rows of ``due`` become EXECUTING (attempt + 1: the fence; the
-# lease) and each gets its "claimed"/"reclaimed" event in the same statement.
+# lease) and each gets its "claimed"/"reclaimed" event in the same statement. A row whose
+# lease expired after a worker started it (its start marker, MARK_STARTED) has that try
+# counted here (_FOLD_START: ``tries``, and ``tried_attempt`` for the "started" column).
 # :due_rows is how the UPDATE finds its rows.
 _CLAIM_WRITE = """), claimed AS (
     UPDATE payments_scheduledpayment p
        SET status = 'EXECUTING',
+           tries = p.tries + CASE WHEN due.status <> 'EXECUTING' THEN 0 WHEN :started THEN 1 ELSE 0 END,
+           tried_attempt = CASE WHEN due.status <> 'EXECUTING' THEN p.tried_attempt
+                                WHEN :started THEN p.attempt ELSE p.tried_attempt END,
            attempt = p.attempt + 1,
            lease_until = now() + make_interval(secs => %(lease)s),
            claimed_at = now(),
@@ -41,8 +46,13 @@ _CLAIM_WRITE = """), claimed AS (
 """
 
 
+# A worker started p's current attempt: its marker is there (the row's values before the
+# statement's own SET: p.attempt is the attempt that ends).
+_STARTED = "EXISTS (SELECT 1 FROM payments_startmarker s WHERE s.payment_id = p.id AND s.attempt = p.attempt)"
+
+
 def _claim_write(*, due_rows: str) -> str:
-    return _CLAIM_WRITE.replace(":due_rows", due_rows)
+    return _CLAIM_WRITE.replace(":due_rows", due_rows).replace(":started", _STARTED)
 
 
 _FAIR_DUE_ROWS = """-- By primary key, always: with a join alone the planner may hash the whole table.
@@ -63,7 +73,7 @@ _CLAIM_TEMPLATE = """
 WITH fresh AS (
     SELECT id, status, execute_at AS due_at FROM payments_scheduledpayment
      WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now()
-       AND :fresh_rail
+       AND :fresh_rail AND :shard
      ORDER BY execute_at, id
      LIMIT %(batch)s
        FOR NO KEY UPDATE SKIP LOCKED
@@ -71,13 +81,13 @@ WITH fresh AS (
     -- Retries whose wait on the ladder is over (payments_retry_idx, few rows).
     SELECT id, status, next_attempt_at AS due_at FROM payments_scheduledpayment
      WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL AND next_attempt_at <= now()
-       AND :rail
+       AND :rail AND :shard
      ORDER BY next_attempt_at, id
      LIMIT %(batch)s
        FOR NO KEY UPDATE SKIP LOCKED
 ), expired AS (
     SELECT id, status, lease_until AS due_at FROM payments_scheduledpayment
-     WHERE status = 'EXECUTING' AND lease_until < now() AND :rail
+     WHERE status = 'EXECUTING' AND lease_until < now() AND :rail AND :shard
      ORDER BY lease_until
      LIMIT %(reclaim_batch)s
        FOR NO KEY UPDATE SKIP LOCKED
@@ -103,16 +113,41 @@ SELECT id, attempt, previous_status, extract(epoch FROM now() - due_at)::float8 
 """
 
 
-def _claim_for(*, rail: str, fresh_rail: str) -> str:
-    """The claim with its rail filters in place (fixed fragments, never input)."""
-    return (
+# Claim shards (DELAYPAY_CLAIM_SHARDS, promoter.py): with K > 1 the beat sends K ticks a
+# period, each claiming only the rows of its shard: the rows whose id hashes into its
+# slice [%(shard_low)s, %(shard_high)s) of the non-negative int4 range. Several promoter
+# processes then claim side by side. No index is keyed by the hash: the due indexes walk
+# as ever and drop the other shards' rows, about K visits per row taken, of rows that are
+# due anyway (docs/reference/benchmarks.md#shards). The range form, not a modulo, is what
+# the planner can estimate: the statistics object of migration 0016 holds the hash's
+# histogram, so the estimate is ~1/K; without it (or with a modulo, which no statistics
+# describe) the planner guesses 0.5 %, prices the ordered index walk at 200 entries a row
+# and sorts every due row instead: O(backlog) per claim (tests/payments/test_claim_shards.py).
+# Which shard a payment falls in only has to agree between the promoters of one moment: a
+# tick's message carries its shard and the shard count, so a change of K (or a degraded
+# tick, which claims every shard) never leaves a row outside every claim.
+SHARD_HASH = "(hashtext(id) & 2147483647)"
+_SHARD = f"{SHARD_HASH} >= %(shard_low)s AND {SHARD_HASH} < %(shard_high)s"
+
+
+def _sharded(statement: str, *, sharded: bool) -> str:
+    """``statement`` with its shard filters in place, or without them (fixed fragments)."""
+    return statement.replace(":shard", _SHARD) if sharded else statement.replace(" AND :shard", "")
+
+
+def _claim_for(*, rail: str, fresh_rail: str, sharded: bool = False) -> str:
+    """The claim with its rail and shard filters in place (fixed fragments, never input)."""
+    return _sharded(
         _CLAIM_TEMPLATE.replace(":claim_write", _claim_write(due_rows="WHERE p.id = due.id"))
         .replace(":fresh_rail", fresh_rail)
-        .replace(":rail", rail)
+        .replace(":rail", rail),
+        sharded=sharded,
     )
 
 
 CLAIM_DUE = _claim_for(rail="rail = ''", fresh_rail="rail = ''")
+# One shard's claim: CLAIM_DUE's parameters and %(shard_low)s, %(shard_high)s.
+CLAIM_DUE_SHARD = _claim_for(rail="rail = ''", fresh_rail="rail = ''", sharded=True)
 
 # The internal claim with per-sender fairness (DELAYPAY_CLAIM_PER_SENDER > 0; promoter.py's
 # FairWalk keeps its state between the claims of one tick). Plain due order lets one
@@ -144,7 +179,7 @@ _CLAIM_DUE_FAIR_TEMPLATE = """
 WITH walk AS MATERIALIZED (
     SELECT id, from_account_id, execute_at FROM payments_scheduledpayment
      WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now() AND rail = ''
-       AND (execute_at, id) > (%(after_at)s::timestamptz, %(after_id)s::text)
+       AND (execute_at, id) > (%(after_at)s::timestamptz, %(after_id)s::text) AND :shard
      ORDER BY execute_at, id
      LIMIT %(walk)s
 ), senders AS MATERIALIZED (
@@ -175,7 +210,7 @@ WITH walk AS MATERIALIZED (
         SELECT q.id, q.status, q.execute_at AS due_at, q.execute_at, q.from_account_id
           FROM payments_scheduledpayment q
          WHERE q.from_account_id = h.sender AND q.status = 'SCHEDULED' AND q.next_attempt_at IS NULL
-           AND q.execute_at <= now() AND q.rail = ''
+           AND q.execute_at <= now() AND q.rail = '' AND :shard
          ORDER BY q.execute_at, q.id
          LIMIT greatest(%(cap)s, (%(batch)s - (SELECT count(*) FROM fresh))
                                  / greatest((SELECT count(*) FROM senders), 1))
@@ -183,13 +218,13 @@ WITH walk AS MATERIALIZED (
      ) x
 ), retry AS (
     SELECT id, status, next_attempt_at AS due_at FROM payments_scheduledpayment
-     WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL AND next_attempt_at <= now() AND rail = ''
+     WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL AND next_attempt_at <= now() AND rail = '' AND :shard
      ORDER BY next_attempt_at, id
      LIMIT %(batch)s
        FOR NO KEY UPDATE SKIP LOCKED
 ), expired AS (
     SELECT id, status, lease_until AS due_at FROM payments_scheduledpayment
-     WHERE status = 'EXECUTING' AND lease_until < now() AND rail = ''
+     WHERE status = 'EXECUTING' AND lease_until < now() AND rail = '' AND :shard
      ORDER BY lease_until
      LIMIT %(reclaim_batch)s
        FOR NO KEY UPDATE SKIP LOCKED
@@ -223,7 +258,9 @@ SELECT c.id, c.attempt, c.previous_status, extract(epoch FROM now() - c.due_at):
   LEFT JOIN claimed c ON true
  ORDER BY c.execute_at, c.id
 """
-CLAIM_DUE_FAIR = _CLAIM_DUE_FAIR_TEMPLATE.replace(":claim_write", _claim_write(due_rows=_FAIR_DUE_ROWS))
+_CLAIM_DUE_FAIR_WRITES = _CLAIM_DUE_FAIR_TEMPLATE.replace(":claim_write", _claim_write(due_rows=_FAIR_DUE_ROWS))
+CLAIM_DUE_FAIR = _sharded(_CLAIM_DUE_FAIR_WRITES, sharded=False)
+CLAIM_DUE_FAIR_SHARD = _sharded(_CLAIM_DUE_FAIR_WRITES, sharded=True)
 
 # The payouts' claim, one rail at a time (payments/payouts.py): the same statement over
 # that rail's rows only, its fresh rows from payments_payout_due_idx. The caller passes
@@ -254,10 +291,13 @@ COUNT_IN_FLIGHT = (
 # literal: with the literal the planner may pick the partial lease index, whose
 # statistics are stale in a burst (EXECUTING goes from ~0 to tens of thousands of rows
 # within seconds, long before autovacuum analyzes), and then every batch scans all
-# in-flight rows: O(in-flight) per batch instead of O(batch).
-LOCK_FENCED = """
+# in-flight rows: O(in-flight) per batch instead of O(batch). ``tries`` here is the
+# counted tries plus the current attempt's start (its marker, MARK_STARTED), which the
+# CAS counts in the row when the attempt ends (docs/decisions/0008-start-markers-off-the-row.md).
+_LOCK_FENCED_TEMPLATE = """
 SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
-       coalesce(p.execute_at + p.expires_after < now(), false) AS expired, p.tries
+       coalesce(p.execute_at + p.expires_after < now(), false) AS expired,
+       p.tries + CASE WHEN :started THEN 1 ELSE 0 END AS tries
   FROM payments_scheduledpayment p
   JOIN unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
     ON m.id = p.id AND m.attempt = p.attempt AND m.status = p.status
@@ -265,18 +305,22 @@ SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_
  ORDER BY p.id
    FOR NO KEY UPDATE OF p
 """
+LOCK_FENCED = _LOCK_FENCED_TEMPLATE.replace(":started", _STARTED)
 
 
-FINISH_FENCED = """
+_FINISH_FENCED_TEMPLATE = """
 UPDATE payments_scheduledpayment p
    SET status = v.status, failure_reason = v.reason, executed_at = v.executed_at,
-       review_reason = v.review_reason, next_attempt_at = v.next_attempt_at, lease_until = NULL, updated_at = now()
+       review_reason = v.review_reason, next_attempt_at = v.next_attempt_at, lease_until = NULL, updated_at = now(),
+       tries = p.tries + CASE WHEN :started THEN 1 ELSE 0 END,
+       tried_attempt = CASE WHEN :started THEN p.attempt ELSE p.tried_attempt END
   FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[], %(statuses)s::text[],
               %(reasons)s::text[], %(executed_ats)s::timestamptz[], %(review_reasons)s::text[],
               %(next_attempt_ats)s::timestamptz[])
        AS v(id, attempt, expected, status, reason, executed_at, review_reason, next_attempt_at)
  WHERE p.id = ANY(%(ids)s::text[]) AND p.id = v.id AND p.attempt = v.attempt AND p.status = v.expected
 """
+FINISH_FENCED = _FINISH_FENCED_TEMPLATE.replace(":started", _STARTED)
 
 
 # One attempt row per finished payment; %s: started_at, worker, then the arrays.
@@ -308,18 +352,44 @@ ON CONFLICT (payment_id, attempt) DO NOTHING
 """
 
 
-# A worker starts a batch: one try more for each payment still EXECUTING at the message's
-# attempt, counted once per claim (a redelivered or retried message does not count
-# again), committed before the work so that a worker that dies mid-way still spent it.
-# Only unindexed columns change, so the update stays HOT (no index entry per row). The
-# expected status is a column of the unnest for the reason given at LOCK_FENCED.
+# A worker starts a batch: a start marker for each (payment, attempt) of the message,
+# committed before the work so that a worker that dies mid-way has still spent the try;
+# the same claim started again (a redelivered or retried message) adds nothing. The try
+# is counted in the payment's ``tries`` when the attempt ends: by FINISH_FENCED (and seen
+# by LOCK_FENCED before that), or by the claim that takes the row after its lease expired.
+# A stale pair's marker is never counted (no attempt of it is current) and the purge
+# takes it. One narrow insert into an unlogged table instead of a new version of each
+# payment row (docs/decisions/0008-start-markers-off-the-row.md).
 ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
 MARK_STARTED = """
+INSERT INTO payments_startmarker (payment_id, attempt)
+SELECT m.id, m.attempt FROM unnest(%(ids)s::text[], %(attempts)s::int[]) AS m(id, attempt)
+    ON CONFLICT DO NOTHING
+"""
+
+# Payouts keep the count on the row (payments/payouts.py): their tries are read and
+# written back by their own statements (LOCK_FENCED_PAYOUTS, UPDATE_PAYOUTS). Only
+# unindexed columns change; the expected status is a column of the unnest for the
+# reason given at LOCK_FENCED.
+MARK_STARTED_IN_ROW = """
 UPDATE payments_scheduledpayment p
    SET tries = p.tries + 1, tried_attempt = p.attempt
   FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
  WHERE p.id = ANY(%(ids)s::text[]) AND p.id = m.id AND p.attempt = m.attempt AND p.status = m.status
    AND p.tried_attempt IS DISTINCT FROM p.attempt
+"""
+
+# Start markers no attempt needs any more: their payment is not EXECUTING at their
+# attempt (it ended, and was counted, or the marker was a stale pair's). A marker is
+# written only after its claim committed, so one still needed is always seen as such.
+# %s: batch size.
+PURGE_START_MARKERS = """
+DELETE FROM payments_startmarker m
+ WHERE (m.payment_id, m.attempt) IN (
+        SELECT s.payment_id, s.attempt FROM payments_startmarker s
+         WHERE NOT EXISTS (SELECT 1 FROM payments_scheduledpayment p
+                            WHERE p.id = s.payment_id AND p.attempt = s.attempt AND p.status = 'EXECUTING')
+         LIMIT %s)
 """
 
 

@@ -14,7 +14,7 @@ from django.db import close_old_connections
 
 from rails.base import RailUnavailable
 
-from . import metrics, payouts, promoter, reconciliation, settlement
+from . import execution, metrics, payouts, promoter, reconciliation, settlement
 from .worker import TRANSIENT_ERRORS, run_batch
 
 logger = logging.getLogger(__name__)
@@ -26,11 +26,19 @@ def backoff_with_jitter(retries: int, base: float = 0.5, cap: float = 10.0) -> f
 
 
 @shared_task(name="payments.tasks.promoter_tick", ignore_result=True, acks_late=False)
-def promoter_tick() -> dict:
+def promoter_tick(shard: int = 0, shards: int = 1) -> dict:
     """Generate due recurring occurrences, then claim due payments and publish them
-    (beat sends this every second)."""
-    result = promoter.promoter_run_tick()
+    (beat sends this every second, once per claim shard: DELAYPAY_CLAIM_SHARDS). The
+    message names its shard and the shard count, so every promoter agrees on what it
+    claims whatever its own settings say."""
+    result = promoter.promoter_run_tick(shard=promoter.Shard(int(shard), int(shards)))
     return {"claimed": result.claimed, "reclaimed": result.reclaimed}
+
+
+@shared_task(name="payments.tasks.purge_start_markers", ignore_result=True)
+def purge_start_markers() -> dict:
+    """Delete the executor's start markers no attempt needs any more (beat: every minute)."""
+    return {"deleted": execution.purge_start_markers()}
 
 
 def run_claimed(task, pairs: list[list], run) -> dict:

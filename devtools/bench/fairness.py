@@ -17,7 +17,6 @@ Figures, from the payments' own timestamps:
 """
 
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from ledger.models import ISSUANCE_ACCOUNT_ID
 
 from . import loader
 from .check import check_run
-from .measure import sleep_until, wait_drained
+from .measure import wait_drained
 from .scratch import fresh_database, scratch_name
 from .stats import per_second, summarize
 
@@ -116,7 +115,7 @@ def group_figures(rows: list[tuple[float, float | None, float]], *, due: float) 
 
 
 def drain(opts: FairnessOptions, *, cap: int, index: int, redis_url: str, log_dir: Path, run_id: str, say) -> dict:
-    from .scenarios import child_env, due_instant, flush_private_redis, wait_ready
+    from .scenarios import child_env, flush_private_redis, load_burst_and_wait, wait_ready
 
     name = f"fairness-{index + 1}-cap{cap}"
     total = opts.hot + opts.others
@@ -128,13 +127,10 @@ def drain(opts: FairnessOptions, *, cap: int, index: int, redis_url: str, log_di
         try:
             stack.start_all(workers=opts.workers, concurrency=opts.concurrency)
             wait_ready(stack, list(stack.procs))
-            due_at = due_instant(opts.lead if opts.lead is not None else 8.0 + total / 10_000)
-            started = time.monotonic()
-            load(opts, due_at=due_at)
-            loader.analyze()
-            say(f"  {name}: {opts.hot:,} from one sender + {opts.others:,} from others loaded in "
-                f"{time.monotonic() - started:.1f}s, due at {due_at:%H:%M:%S}")
-            sleep_until(due_at)
+            due_at = load_burst_and_wait(
+                lead=opts.lead, payments=total, say=say, load=lambda due: load(opts, due_at=due),
+                label=f"{name}: {opts.hot:,} from one sender + {opts.others:,} from others",
+            )
             observed = wait_drained(due_to=due_at, timeout=opts.timeout)
             out["drain_observed_s"] = None if observed is None else round(observed, 1)
         finally:

@@ -150,6 +150,19 @@ def default_lead(payments: int) -> float:
     return 8.0 + payments / 10_000
 
 
+def load_burst_and_wait(*, lead: float | None, payments: int, load: Callable[[object], None], label: str, say):
+    """Load a burst due at one instant (``lead`` seconds from now, default_lead without
+    one), refresh the planner's statistics, say how long it took, and sleep until the
+    due instant. Returns the instant."""
+    due_at = due_instant(lead if lead is not None else default_lead(payments))
+    started = time.monotonic()
+    load(due_at)
+    loader.analyze()
+    say(f"  {label} loaded in {time.monotonic() - started:.1f}s, due at {due_at:%H:%M:%S}")
+    sleep_until(due_at)
+    return due_at
+
+
 def load_before(opts: Options, *, due_at, what: str, load: Callable[[], loader.Loaded]) -> tuple[loader.Loaded, float]:
     """Run ``load`` (not timed) and make sure it committed before the due instant."""
     started = time.monotonic()

@@ -337,8 +337,8 @@ class PaymentSerializer(serializers.ModelSerializer):
     version = serializers.IntegerField(help_text="Bumped by every change; also the ETag. Send it in If-Match.")
     next_attempt_at = serializers.SerializerMethodField()
     tries = serializers.IntegerField(
-        help_text="Times a worker started this payment since it was scheduled or last re-driven; "
-        "DELAYPAY_MAX_ATTEMPTS of them without an outcome park it in NEEDS_REVIEW."
+        help_text="Times a worker started this payment since it was scheduled or last re-driven, each counted "
+        "once its attempt ended; DELAYPAY_MAX_ATTEMPTS of them without an outcome park it in NEEDS_REVIEW."
     )
     review_reason = serializers.SerializerMethodField()
     attempts = AttemptSerializer(many=True, read_only=True)

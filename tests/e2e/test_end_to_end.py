@@ -133,3 +133,33 @@ def test_a_short_interval_recurring_payment_runs_each_occurrence_once_under_two_
     assert Account.objects.aggregate(total=Sum("balance"))["total"] == 0
     for name in ("promoter1", "promoter2"):  # both ran ticks: generation and claims really were shared
         assert "Task payments.tasks.promoter_tick[" in celery_stack.log(name), celery_stack.log(name)[-2000:]
+
+
+@pytest.mark.parametrize("celery_stack", [{"DELAYPAY_CLAIM_SHARDS": "2"}], indirect=True)
+def test_two_claim_shards_served_by_two_promoters_execute_every_payment_once(celery_stack, settings):
+    """DELAYPAY_CLAIM_SHARDS=2 on the real stack: beat sends two ticks a second, one per
+    shard; two promoter processes take them; every payment executes once, whichever
+    shard its id falls in, and both shards' heartbeats are fresh."""
+    from payments.models import Heartbeat
+
+    source, target = funded_account(balance=10_000), funded_account()
+    payments = [schedule(source, target, 1 + n % 7, 2) for n in range(120)]
+    celery_stack.start_worker()
+    for name in ("promoter1", "promoter2"):
+        celery_stack.start_promoter(name)
+    celery_stack.start_beat()
+    wait_until(
+        lambda: set(statuses(*payments).values()) == {PaymentStatus.EXECUTED},
+        timeout=90, stack=celery_stack, what="120 payments executed through two claim shards",
+    )
+    total = sum(p.amount for p in payments)
+    assert Transfer.objects.filter(key__in=[p.id for p in payments]).count() == 120
+    source.refresh_from_db()
+    target.refresh_from_db()
+    assert (source.balance, target.balance) == (10_000 - total, total)
+    beats = set(Heartbeat.objects.values_list("name", flat=True))
+    assert {Heartbeat.shard_name(0), Heartbeat.shard_name(1)} <= beats
+    # Each shard's ticks claimed some of them (the "promoter tick" line of a tick that claimed).
+    logs = celery_stack.log("promoter1") + celery_stack.log("promoter2")
+    for shard in ("0/2", "1/2"):
+        assert f"shard={shard}" in logs or f'"shard":"{shard}"' in logs, logs[-3000:]

@@ -1,5 +1,6 @@
 """deploy/: the Prometheus alerting rules and the Grafana dashboard match what /metrics exports."""
 
+import importlib
 import json
 import re
 import shutil
@@ -60,9 +61,13 @@ def test_alerts_fire_as_their_unit_tests_expect():
 
 
 @pytest.fixture
-def exported(db) -> dict[str, set[str]]:
+def exported(db, settings) -> dict[str, set[str]]:
     """Every series name /metrics exports, with its label names, once everything has
-    happened at least once."""
+    happened at least once (and with the claim sharded: its per-shard gauge)."""
+    settings.DELAYPAY_CLAIM_SHARDS = 2
+    # The replica's series exist from the import of their module, which a process makes
+    # when it routes reads (DATABASE_REPLICA_URL): not on its own in a test run of this file.
+    importlib.import_module("delaypay.replica_metrics")
     heartbeat_record(name=Heartbeat.PROMOTER)
     metrics.record_reconcile_result(violations=0)
     for outcome in ("executed", "already_applied", "stale", "error"):

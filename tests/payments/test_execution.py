@@ -137,5 +137,6 @@ def test_a_redelivered_message_is_not_another_try():
     (pair,) = claimed(payment)
     assert execution.mark_started([pair]) == 1
     assert execution.mark_started([pair]) == 0  # the same claim started again (redelivery, task retry)
+    assert execute_batch(pairs=[pair]).executed == [payment.id]
     payment.refresh_from_db()
-    assert payment.tries == 1
+    assert (payment.tries, payment.tried_attempt) == (1, 1)  # counted when the attempt ended

@@ -30,9 +30,9 @@ CAP = 20
 @pytest.fixture(autouse=True)
 def _no_carried_walk():
     """A tick cut short hands its walk to the next tick of the same thread: not across tests."""
-    promoter._carried.walk = None
+    promoter._carried.walks = {}
     yield
-    promoter._carried.walk = None
+    promoter._carried.walks = {}
 
 
 def load_due(rows: list[tuple[str, str]], *, target) -> None:

@@ -21,7 +21,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("scenario", choices=[*SCENARIOS, "payouts", "fairness", "all"])
+        parser.add_argument("scenario", choices=[*SCENARIOS, "payouts", "fairness", "shards", "all"])
         parser.add_argument("--payments", type=int, help="payments to load (burst/hot-sender 100000; steady "
                             "rate x duration; backlog: the large backlog, 2000000; memory: the large level, 1000000)")
         parser.add_argument("--accounts", type=int, default=10_000, help="accounts (default 10000)")
@@ -69,6 +69,8 @@ class Command(BaseCommand):
                             help="fairness: senders with one payment each, due with the hot sender's (1000)")
         parser.add_argument("--rounds", type=int, default=1,
                             help="fairness: pairs of drains (cap on and off), the order alternating (1)")
+        parser.add_argument("--promoters", default="1,2,4",
+                            help="shards: promoter processes of each drain, as many claim shards (1,2,4)")
         parser.add_argument("--cap", type=int,
                             help="fairness: DELAYPAY_CLAIM_PER_SENDER of the capped drain (default: the setting, "
                                  "or 50 when it is off); the second drain runs with 0")
@@ -78,6 +80,8 @@ class Command(BaseCommand):
             return self._payouts(opts)
         if opts["scenario"] == "fairness":
             return self._fairness(opts)
+        if opts["scenario"] == "shards":
+            return self._shards(opts)
         scenarios = list(SCENARIOS) if opts["scenario"] == "all" else [opts["scenario"]]
         if not 0 <= opts["jitter"] <= 3600:
             raise CommandError("--jitter must be between 0 and 3600 seconds, like jitter_seconds")
@@ -143,26 +147,18 @@ class Command(BaseCommand):
         if not all(run.get("correct") for run in runs.values()):
             raise CommandError("the correctness check failed (see 'correct' above)")
 
-    def _payouts(self, opts: dict) -> None:
-        """``bench payouts``: devtools/bench/payouts.py."""
-        from devtools.bench import payouts
-
+    def _own_run(self, opts: dict, scenario: str, module, options) -> None:
+        """A scenario with its own module (payouts, fairness, shards): ``module.run`` in a
+        private Redis, ``module.summary``, then the JSON; CommandError if it was not correct."""
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        log_root = opts["out"] / f"payouts-{stamp}"
+        log_root = opts["out"] / f"{scenario}-{stamp}"
         log_root.mkdir(parents=True, exist_ok=True)
         say = lambda line: self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {line}")  # noqa: E731
-        options = payouts.PayoutOptions(
-            payouts=opts["payments"] or 20_000, internal=opts["internal"], accounts=opts["accounts"],
-            rate=opts["rail_rate"], latency_ms=opts["rail_latency_ms"], workers=opts["workers"],
-            concurrency=opts["concurrency"], payout_concurrency=opts["payout_concurrency"],
-            rail_threads=opts["rail_threads"], rail_batch=opts["rail_batch"],
-            timeout=opts["timeout"], keep=opts["keep"],
-        )
         with PrivateRedis(port=pick_port(56380), directory=log_root) as private_redis:
             use_broker(private_redis.url)
-            result = payouts.run(options, redis_url=private_redis.url, log_dir=log_root, run_id=stamp.replace("-", ""),
-                                 say=say)
-        self.stdout.write(payouts.summary(result))
+            result = module.run(options, redis_url=private_redis.url, log_dir=log_root,
+                                run_id=stamp.replace("-", ""), say=say)
+        self.stdout.write(module.summary(result))
         result = {**result, "machine": machine(), "started_at": stamp}
         if opts["json"]:
             opts["json"].parent.mkdir(parents=True, exist_ok=True)
@@ -170,6 +166,19 @@ class Command(BaseCommand):
             self.stdout.write(f"JSON written to {opts['json']}")
         if not result["correct"]:
             raise CommandError("the correctness check failed (see 'correct' above)")
+
+    def _payouts(self, opts: dict) -> None:
+        """``bench payouts``: devtools/bench/payouts.py."""
+        from devtools.bench import payouts
+
+        options = payouts.PayoutOptions(
+            payouts=opts["payments"] or 20_000, internal=opts["internal"], accounts=opts["accounts"],
+            rate=opts["rail_rate"], latency_ms=opts["rail_latency_ms"], workers=opts["workers"],
+            concurrency=opts["concurrency"], payout_concurrency=opts["payout_concurrency"],
+            rail_threads=opts["rail_threads"], rail_batch=opts["rail_batch"],
+            timeout=opts["timeout"], keep=opts["keep"],
+        )
+        self._own_run(opts, "payouts", payouts, options)
 
     def _fairness(self, opts: dict) -> None:
         """``bench fairness``: devtools/bench/fairness.py."""
@@ -180,27 +189,28 @@ class Command(BaseCommand):
         cap = opts["cap"] if opts["cap"] is not None else (settings.DELAYPAY_CLAIM_PER_SENDER or 50)
         if cap < 1:
             raise CommandError("--cap must be 1 or more (the second drain runs with the cap off)")
-        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-        log_root = opts["out"] / f"fairness-{stamp}"
-        log_root.mkdir(parents=True, exist_ok=True)
-        say = lambda line: self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {line}")  # noqa: E731
         options = fairness.FairnessOptions(
             hot=opts["payments"] or 50_000, others=opts["others"], cap=cap, rounds=max(1, opts["rounds"]),
             workers=opts["workers"], concurrency=opts["concurrency"], lead=opts["lead"], timeout=opts["timeout"],
             keep=opts["keep"],
         )
-        with PrivateRedis(port=pick_port(56380), directory=log_root) as private_redis:
-            use_broker(private_redis.url)
-            result = fairness.run(options, redis_url=private_redis.url, log_dir=log_root,
-                                  run_id=stamp.replace("-", ""), say=say)
-        self.stdout.write(fairness.summary(result))
-        result = {**result, "machine": machine(), "started_at": stamp}
-        if opts["json"]:
-            opts["json"].parent.mkdir(parents=True, exist_ok=True)
-            opts["json"].write_text(json.dumps(result, indent=2, default=str) + "\n")
-            self.stdout.write(f"JSON written to {opts['json']}")
-        if not result["correct"]:
-            raise CommandError("the correctness check failed (see 'correct' above)")
+        self._own_run(opts, "fairness", fairness, options)
+
+    def _shards(self, opts: dict) -> None:
+        """``bench shards``: devtools/bench/shards.py."""
+        from devtools.bench import shards
+
+        try:
+            promoters = [int(n) for n in opts["promoters"].split(",")]
+        except ValueError as exc:
+            raise CommandError("--promoters is a comma-separated list of whole numbers, e.g. 1,2,4") from exc
+        if not promoters or not all(1 <= n <= 16 for n in promoters):
+            raise CommandError("--promoters: each between 1 and 16")
+        options = shards.ShardOptions(
+            payments=opts["payments"] or 100_000, accounts=opts["accounts"], promoters=promoters,
+            pgbench_seconds=opts["pgbench_seconds"], lead=opts["lead"], timeout=opts["timeout"], keep=opts["keep"],
+        )
+        self._own_run(opts, "shards", shards, options)
 
     def _preflight(self, opts: dict) -> None:
         """Fail before minutes of loading, not after, when a tool the options need is missing."""

@@ -68,6 +68,8 @@ class Command(BaseCommand):
                             help=f"port of the private Redis, or the next free one ({d.redis_port})")
         parser.add_argument("--cluster", default=d.cluster, help=f"name of the private cluster ({d.cluster})")
         parser.add_argument("--log-dir", default=str(d.log_dir), help=f"where process logs go ({d.log_dir})")
+        parser.add_argument("--shards", type=int, default=d.shards,
+                            help=f"DELAYPAY_CLAIM_SHARDS, and as many promoter processes ({d.shards})")
         parser.add_argument("--keep", action="store_true", help="keep the private cluster afterwards")
 
     def handle(self, *args, **o):
@@ -84,7 +86,10 @@ class Command(BaseCommand):
             payouts=o["payouts"], gateway_outage_seconds=o["gateway_outage_seconds"],
             pg_port=o["pg_port"],
             redis_port=o["redis_port"], cluster=o["cluster"], log_dir=Path(o["log_dir"]), keep=o["keep"],
+            shards=o["shards"],
         )
+        if not 1 <= options.shards <= 8:
+            raise CommandError("--shards must be between 1 and 8")
         try:
             chaos.fault_plan(options)
         except ValueError as exc:
