@@ -1,4 +1,5 @@
-"""Server-side parameter binding for the hot path's set-based statements.
+"""Database helpers: server-side parameter binding for the hot path's set-based
+statements, and batched deletes for the purges.
 
 Django's psycopg backend binds parameters on the client (``ClientCursor``): each
 statement's parameters are quoted into its text. For the executor's statements, whose
@@ -15,7 +16,7 @@ or in a utility statement (``SET``) works with client-side binding only.
 """
 
 import psycopg
-from django.db import connection
+from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
 
 
@@ -23,3 +24,15 @@ def bound_cursor() -> CursorWrapper:
     """A cursor of the default connection with server-side binding (use it as ``with``)."""
     connection.ensure_connection()
     return CursorWrapper(psycopg.Cursor(connection.connection), connection)
+
+
+def delete_in_batches(statement: str, params: list, *, batch: int) -> int:
+    """Run ``statement``, a DELETE of at most ``batch`` rows, one transaction at a time,
+    until it deletes fewer than ``batch`` (so no lock is held for long). Returns the count."""
+    deleted = 0
+    while True:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(statement, params)
+            deleted += cur.rowcount
+            if cur.rowcount < batch:
+                return deleted

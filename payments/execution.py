@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from common.db import bound_cursor
+from common.db import bound_cursor, delete_in_batches
 from ledger.selectors import transfer_times
 from ledger.services import Outcome, Posting, PostResult, ledger_post_batch, ledger_preview_batch
 
@@ -316,13 +316,7 @@ def mark_started(pairs: list[Pair], *, statement: str = sql.MARK_STARTED) -> int
 def purge_start_markers(*, batch: int = 50_000) -> int:
     """Delete the start markers no attempt needs any more (sql.PURGE_START_MARKERS),
     ``batch`` a transaction. Returns the count."""
-    deleted = 0
-    while True:
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(sql.PURGE_START_MARKERS, [batch])
-            deleted += cur.rowcount
-            if cur.rowcount < batch:
-                return deleted
+    return delete_in_batches(sql.PURGE_START_MARKERS, [batch], batch=batch)
 
 
 def retry_delay_seconds(tries: int) -> float:

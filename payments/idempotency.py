@@ -14,6 +14,8 @@ from datetime import timedelta
 
 from django.db import OperationalError, connection, transaction
 
+from common.db import delete_in_batches
+
 from . import sql
 from .exceptions import IdempotencyKeyInUse, IdempotencyKeyReused
 from .models import IdempotencyKey
@@ -70,10 +72,4 @@ def idempotency_keys_purge(*, older_than: timedelta = KEY_RETENTION, batch: int 
     database clock, ``batch`` rows per transaction so no lock is held for long.
     Returns the count."""
     older_than = max(older_than, KEY_RETENTION)
-    deleted = 0
-    while True:
-        with connection.cursor() as cur:
-            cur.execute(sql.IDEMPOTENCY_PURGE, [older_than, batch])
-            deleted += cur.rowcount
-            if cur.rowcount < batch:
-                return deleted
+    return delete_in_batches(sql.IDEMPOTENCY_PURGE, [older_than, batch], batch=batch)

@@ -19,7 +19,7 @@ the statement expects and why it is shaped as it is.
 # CLAIM_DUE_FAIR): the rows of ``due`` become EXECUTING (attempt + 1: the fence; the
 # lease) and each gets its "claimed"/"reclaimed" event in the same statement. A row whose
 # lease expired after a worker started it (its start marker, MARK_STARTED) has that try
-# counted here (_FOLD_START: ``tries``, and ``tried_attempt`` for the "started" column).
+# counted here (_STARTED: ``tries``, and ``tried_attempt`` for the "started" column).
 # :due_rows is how the UPDATE finds its rows.
 _CLAIM_WRITE = """), claimed AS (
     UPDATE payments_scheduledpayment p

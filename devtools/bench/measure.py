@@ -111,12 +111,13 @@ def sleep_until(instant) -> None:
         time.sleep(min(left, 1.0))
 
 
-def wait_drained(*, due_to, timeout: float, poll: float = 0.5, on_poll=None) -> float | None:
-    """Poll until nothing due by ``due_to`` is left unfinished; the wall-clock seconds
-    it took, or None on timeout. ``on_poll(unfinished)`` is called after each poll."""
+def wait_drained(*, due_to, timeout: float, poll: float = 0.5, on_poll=None, count=count_unfinished) -> float | None:
+    """Poll until nothing due by ``due_to`` is left unfinished (``count``: what is left,
+    count_unfinished by default); the wall-clock seconds it took, or None on timeout.
+    ``on_poll(unfinished)`` is called after each poll."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        left = count_unfinished(due_to=due_to)
+        left = count(due_to=due_to)
         if on_poll is not None:
             on_poll(left)
         if left == 0:

@@ -27,6 +27,7 @@ from django.db import connection
 from devtools.processes import Stack
 
 from . import loader
+from .measure import wait_drained
 from .pgbench import run_pgbench
 from .scratch import fresh_database, scratch_name
 from .stats import per_second, summarize
@@ -71,15 +72,10 @@ def ticks_by_process(stack: Stack, names: list[str]) -> dict[str, dict]:
     return out
 
 
-def wait_claimed(*, due_at, timeout: float) -> float | None:
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        with connection.cursor() as cur:
-            cur.execute(LEFT_SQL, [due_at])
-            if cur.fetchone()[0] == 0:
-                return time.monotonic() - started
-        time.sleep(0.25)
-    return None
+def count_unclaimed(*, due_to) -> int:
+    with connection.cursor() as cur:
+        cur.execute(LEFT_SQL, [due_to])
+        return cur.fetchone()[0]
 
 
 def drain(opts: ShardOptions, *, promoters: int, redis_url: str, log_dir: Path, run_id: str, say) -> dict:
@@ -108,7 +104,7 @@ def drain(opts: ShardOptions, *, promoters: int, redis_url: str, log_dir: Path, 
                 load=lambda due: loader.load_payments(payments=opts.payments, accounts=opts.accounts, due_at=due),
                 label=f"{promoters} promoter(s), {promoters} shard(s): {opts.payments:,} payments",
             )
-            observed = wait_claimed(due_at=due_at, timeout=opts.timeout)
+            observed = wait_drained(due_to=due_at, timeout=opts.timeout, poll=0.25, count=count_unclaimed)
             out["claimed_observed_s"] = None if observed is None else round(observed, 1)
             time.sleep(1.5)  # the last ticks' log lines
         finally:

@@ -9,14 +9,11 @@ still claims everything.
 """
 
 import json
-import os
-import subprocess  # nosec B404: the settings module is imported in a child with a test environment
-import sys
+import subprocess  # nosec B404: only for the CompletedProcess type
 from datetime import timedelta
 from functools import partial
 
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection
 from django.utils import timezone
 
@@ -26,6 +23,7 @@ from payments.promoter import FairWalk, Shard, claim_due, claim_params, promoter
 from tests.concurrency import Racers
 from tests.factories import bulk_due_payments, funded_account
 from tests.payments.test_execution_plans import plan_nodes
+from tests.settings_child import settings_in_child
 
 
 @pytest.fixture(autouse=True)
@@ -190,16 +188,9 @@ def test_a_shard_outside_the_count_is_refused():
 
 
 def beat_schedule(value: str | None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "delaypay.settings"}
-    env.setdefault("DJANGO_SECRET_KEY", django_settings.SECRET_KEY)
-    env.pop("DELAYPAY_CLAIM_SHARDS", None)
-    if value is not None:
-        env["DELAYPAY_CLAIM_SHARDS"] = value
     code = ("import json; from django.conf import settings; print(json.dumps({k: v.get('kwargs') "
             "for k, v in settings.CELERY_BEAT_SCHEDULE.items() if v['task'] == 'payments.tasks.promoter_tick'}))")
-    return subprocess.run(  # nosec B603: a fixed command line
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
+    return settings_in_child(code, DELAYPAY_CLAIM_SHARDS=value)
 
 
 def test_the_beat_sends_one_tick_per_shard_each_naming_its_shard_and_the_count():

@@ -6,13 +6,10 @@ the others' payments are in the first claims of the tick, and the hot sender sti
 drains at the full batch once nobody else is waiting.
 """
 
-import os
-import subprocess  # nosec B404: the settings module is imported in a child with a test environment
-import sys
+import subprocess  # nosec B404: only for the CompletedProcess type
 from functools import partial
 
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection
 from django.db.models import Count
 
@@ -22,6 +19,7 @@ from payments.promoter import FAIR_WALK_BATCHES, FairWalk, claim_due, claim_para
 from tests.concurrency import Racers
 from tests.factories import funded_account
 from tests.payments.test_execution_plans import plan_nodes
+from tests.settings_child import settings_in_child
 
 BATCH = 100
 CAP = 20
@@ -241,15 +239,8 @@ def test_four_fair_promoters_at_once_claim_each_payment_once():
 
 
 def settings_value(value: str | None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "delaypay.settings"}
-    env.setdefault("DJANGO_SECRET_KEY", django_settings.SECRET_KEY)
-    env.pop("DELAYPAY_CLAIM_PER_SENDER", None)
-    if value is not None:
-        env["DELAYPAY_CLAIM_PER_SENDER"] = value
     code = "from django.conf import settings; print(settings.DELAYPAY_CLAIM_PER_SENDER)"
-    return subprocess.run(  # nosec B603: a fixed command line
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
-    )
+    return settings_in_child(code, DELAYPAY_CLAIM_PER_SENDER=value)
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, "50"), ("20", "20"), ("0", "0"), ("off", "0")])
