@@ -100,7 +100,7 @@ chaos: install
 
 chaos-ci: install
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py chaos --payments 2000 --faults 20 --window 30 \
-	  --workers 2 --shards 2 $(CHAOS_ARGS)
+	  --workers 2 --shards 2 --replica $(CHAOS_ARGS)
 
 # ruff, then bandit's static security scan of the product and the tools (pyproject.toml
 # [tool.bandit] lists the checks skipped and why; single findings carry "# nosec" with a reason).

@@ -390,6 +390,18 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "execute", "expires": 60},
     },
+    # The schedule's partitions (payments/partitions.py): next months' made ahead, hourly;
+    # months past DELAYPAY_RETENTION_DAYS archived, daily (a no-op while it is unset).
+    "ensure-partitions": {
+        "task": "payments.tasks.ensure_partitions",
+        "schedule": 3600.0,
+        "options": {"queue": "execute", "expires": 3600},
+    },
+    "archive-partitions": {
+        "task": "payments.tasks.archive_partitions",
+        "schedule": crontab(hour=env.int("DELAYPAY_ARCHIVE_HOUR", default=4), minute=37),
+        "options": {"queue": "execute", "expires": 3600},
+    },
     "reconcile-daily": {
         "task": "payments.tasks.reconcile_daily",
         "schedule": crontab(hour=env.int("DELAYPAY_RECONCILE_HOUR", default=3), minute=17),
@@ -515,6 +527,17 @@ DELAYPAY_READY_MAX_TICK_AGE_SECONDS = env.float("DELAYPAY_READY_MAX_TICK_AGE_SEC
 DELAYPAY_READY_REQUIRE_PROMOTER = env.bool("DELAYPAY_READY_REQUIRE_PROMOTER", default=True)
 # Reconciliation (manage.py reconcile and the daily task): how long a lease may stay
 # expired, and a SCHEDULED payment overdue, before it is a violation.
+# The schedule's partitions and archival (payments/partitions.py, docs/reference/operations.md).
+DELAYPAY_PARTITIONS_AHEAD_MONTHS = env.int("DELAYPAY_PARTITIONS_AHEAD_MONTHS", default=3)
+if not 1 <= DELAYPAY_PARTITIONS_AHEAD_MONTHS <= 24:
+    raise ImproperlyConfigured("DELAYPAY_PARTITIONS_AHEAD_MONTHS must be between 1 and 24")
+# 0 (the default): keep every payment. Otherwise a month whose payments all finished more
+# than this many days ago is exported to DELAYPAY_ARCHIVE_DIR and leaves the database.
+DELAYPAY_RETENTION_DAYS = env.int("DELAYPAY_RETENTION_DAYS", default=0)
+if DELAYPAY_RETENTION_DAYS < 0 or 0 < DELAYPAY_RETENTION_DAYS < 30:
+    raise ImproperlyConfigured("DELAYPAY_RETENTION_DAYS must be 0 (keep everything) or at least 30")
+DELAYPAY_ARCHIVE_DIR = env("DELAYPAY_ARCHIVE_DIR", default=str(BASE_DIR / "var" / "archive"))
+
 DELAYPAY_RECONCILE_STUCK_SECONDS = env.float("DELAYPAY_RECONCILE_STUCK_SECONDS", default=300.0)
 DELAYPAY_RECONCILE_OVERDUE_SECONDS = env.float("DELAYPAY_RECONCILE_OVERDUE_SECONDS", default=300.0)
 # A payout's funds reserved longer than this (its whole budget of tries and follow-ups fits

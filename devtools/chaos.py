@@ -46,6 +46,7 @@ from django.core.management import call_command
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 
 from common.ids import new_id
+from devtools.chaos_replica import ReplicaRun, describe_replica, replica_ok
 from devtools.gateway import SandboxGateway, free_port
 from devtools.processes import Stack
 from devtools.sandbox import PrivatePostgres, PrivateRedis, pick_port
@@ -136,6 +137,10 @@ PAYOUT_ENV = {
 
 SETTLEMENT_ACCOUNT = "acc_sandbox_settlement"
 
+# With --replica (devtools/chaos_replica.py): the standby stopped, and its replay paused
+# (the router must notice the lag), from their own stream.
+REPLICA_FAULTS: dict[str, int] = {"replica_down": 1, "replica_lag": 1}
+
 # The faults that take a service down, by service.
 OUTAGE_KINDS = {"redis": ("restart_redis", "long_broker_outage"), "postgres": ("restart_postgres",)}
 
@@ -185,6 +190,9 @@ class Options:
     # DELAYPAY_CLAIM_SHARDS, and as many promoter processes (promoter, promoter2, ...): the
     # claim split by shard, each promoter killed and restarted by the plan in turn.
     shards: int = 1
+    # A streaming standby, the web process reading from it and an API reader through the
+    # run; the plan adds REPLICA_FAULTS (devtools/chaos_replica.py).
+    replica: bool = False
 
     @property
     def promoters(self) -> list[str]:
@@ -233,6 +241,21 @@ def payout_fault_plan(options: Options) -> list[Fault]:
     return [
         Fault(at=round(moment(kind), 2), kind=kind, target=0, duration=round(durations[kind](), 2))
         for kind, n in PAYOUT_FAULTS.items() for _ in range(n)
+    ]
+
+
+def replica_fault_plan(options: Options) -> list[Fault]:
+    """The standby's faults (none without --replica or without faults): its replay paused
+    in the first half of the window, the standby stopped in the second, never both."""
+    if not options.replica or options.faults == 0:
+        return []
+    rng = random.Random(f"replica-faults:{options.seed}")
+    half = options.window / 2
+    return [
+        Fault(at=round(rng.uniform(0.5, max(0.6, half - 12)), 2), kind="replica_lag", target=0,
+              duration=round(rng.uniform(5.0, 10.0), 2)),
+        Fault(at=round(rng.uniform(half, max(half + 0.1, options.window - 10)), 2), kind="replica_down", target=0,
+              duration=round(rng.uniform(3.0, 8.0), 2)),
     ]
 
 
@@ -288,8 +311,8 @@ def fault_plan(options: Options) -> list[Fault]:
                 if fault.at < ready:
                     faults[i] = fault = Fault(round(ready, 2), fault.kind, fault.target, fault.duration)
                 ready = fault.at + fault.duration + 2.0
-    return sorted(faults + workers_down + webhook_fault_plan(options) + payout_fault_plan(options),
-                  key=lambda f: (f.at, f.kind))
+    return sorted(faults + workers_down + webhook_fault_plan(options) + payout_fault_plan(options)
+                  + replica_fault_plan(options), key=lambda f: (f.at, f.kind))
 
 
 def plan_digest(plan: list[Fault]) -> str:
@@ -419,6 +442,7 @@ class Figures:
     cancels_unknown: int = 0
     cancel_answers: dict[str, str] = field(default_factory=dict)  # payment id -> answered status
     redis_outages: list[tuple] = field(default_factory=list)  # (db time down, db time up)
+    postgres_outages: list[tuple] = field(default_factory=list)  # (time.time() down, time.time() up)
     long_outages: list[int] = field(default_factory=list)  # which of redis_outages were long_broker_outage
     webhooks_drained: bool = False
     webhook_drain_seconds: float = 0.0
@@ -430,13 +454,15 @@ class Injector:
 
     def __init__(self, *, stack: Stack, pg: PrivatePostgres, redis: PrivateRedis, options: Options,
                  figures: Figures, workers: list[str], receiver: ReceiverProcess | None = None,
-                 gateway: SandboxGateway | None = None):
+                 gateway: SandboxGateway | None = None, replica: ReplicaRun | None = None):
         self.stack, self.pg, self.redis, self.options, self.figures = stack, pg, redis, options, figures
         self.workers = workers
         self.receiver = receiver
         self.gateway = gateway  # a control client of the gateway process the stack runs
+        self.replica = replica
         self.core = [*workers, *options.promoters, "beat", *(["webhooks"] if receiver is not None else []),
-                     *(["payouts", "gateway"] if gateway is not None else [])]
+                     *(["payouts", "gateway"] if gateway is not None else []),
+                     *(["web"] if replica is not None else [])]
         self.down: set[str] = set()  # deliberately stopped, not for the supervisor to restart
         self.paused: dict[str, int] = {}  # name -> process group we stopped
         self.lock = threading.RLock()  # the zombie thread and the plan both touch the stack
@@ -458,6 +484,8 @@ class Injector:
             self.stack.start_payouts(name)
         elif name == "gateway":
             self.stack.start_gateway(self.gateway.port)
+        elif name == "web":
+            self.replica.start_web()
         else:
             self.stack.start_beat(name)
 
@@ -611,6 +639,7 @@ class Injector:
             if not self.pg.is_up():
                 return "later"
             self.pg.crash()
+            self.figures.postgres_outages.append((time.time(), None))
             return [(fault.duration, "postgres_up")]
         if kind == "pause_worker":
             if self._worker(fault) is None:
@@ -637,6 +666,15 @@ class Injector:
             self.down.add(name)
             self.stack.kill(name, signal.SIGKILL)
             return [(fault.duration, f"restart:{name}")]
+        if kind == "replica_down":
+            if self.replica is None or not self.replica.standby.running():
+                return self._skip(fault)
+            self.replica.standby.stop()
+            return [(fault.duration, "replica_up")]
+        if kind == "replica_lag":
+            if self.replica is None or not self.replica.standby.pause_replay():
+                return self._skip(fault)
+            return [(fault.duration, "replica_resume")]
         if kind == "receiver_down":
             if self.receiver is None or not self.receiver.running:
                 return self._skip(fault)
@@ -670,6 +708,12 @@ class Injector:
             self.figures.redis_outages[-1] = (down_at, self._db_clock())
         elif verb == "postgres_up":
             self.pg.start()
+            down_at, _ = self.figures.postgres_outages[-1]
+            self.figures.postgres_outages[-1] = (down_at, time.time())
+        elif verb == "replica_up":
+            self.replica.standby.start()
+        elif verb == "replica_resume":
+            self.replica.standby.resume_replay()
         elif verb == "receiver_up":
             self.receiver.start()
         elif verb == "gateway_clear":
@@ -1044,7 +1088,7 @@ def describe_long_outage(outage: dict | None) -> str:
 
 def measure(workload: Workload, figures: Figures, *, converged: bool, converge_seconds: float,
             options: Options, total_seconds: float, log_dir: Path, received: Summary | None = None,
-            payouts: dict | None = None) -> Outcome:
+            payouts: dict | None = None, replica: dict | None = None) -> Outcome:
     """Every figure of the run, from the database, the reconciliation and an independent
     model of what the balances must be given the final statuses."""
     report = reconcile(stuck_after_seconds=0, overdue_after_seconds=0, sample_limit=5)
@@ -1093,7 +1137,8 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
     )
     injected = sum(figures.injected.values())
     kinds = " ".join(
-        f"{k}={figures.injected[k]}" for k in [*MINIMUM_FAULTS, "workers_down", *WEBHOOK_FAULTS, *PAYOUT_FAULTS]
+        f"{k}={figures.injected[k]}"
+        for k in [*MINIMUM_FAULTS, "workers_down", *WEBHOOK_FAULTS, *PAYOUT_FAULTS, *REPLICA_FAULTS]
         if figures.injected[k]
     )
     failed = " ".join(f"{k}={v}" for k, v in sorted(reasons.items()))
@@ -1122,6 +1167,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         "redelivered": figures.redelivered,
         "webhooks": hooks,
         "payouts": payouts,
+        "replica": replica,
         "converged": converged,
         "converge_seconds": round(converge_seconds, 1),
         "total_seconds": round(total_seconds, 1),
@@ -1132,6 +1178,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         and not (lost or duplicated or conservation or report.violations or cancel_mismatches)
         and webhooks_ok(hooks)
         and payouts_ok(payouts)
+        and replica_ok(replica)
     )
     line = (
         f"chaos {'PASS' if ok else 'FAIL'}: seed={options.seed} payments={numbers['payments']}"
@@ -1144,6 +1191,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         f" reconcile_violations={report.violations}"
         f" cancel_mismatches={cancel_mismatches} claims_while_redis_down={claims_while_redis_down}"
         f" in_process={in_process}{describe_long_outage(outage)}{describe_webhooks(hooks)}{describe_payouts(payouts)}"
+        f"{describe_replica(replica)}"
         f" converge_s={numbers['converge_seconds']}"
         f"{'' if converged else ' (NOT CONVERGED)'} total_s={numbers['total_seconds']}"
     )
@@ -1175,6 +1223,7 @@ def run(options: Options, *, say) -> Outcome:
     stop = threading.Event()
     canceller = None
     injector = None
+    replica = None
     try:
         say(f"chaos: private PostgreSQL {pg.version}/{pg.name} on 127.0.0.1:{pg.port}, "
             f"redis-server on 127.0.0.1:{redis.port}, logs in {log_dir}")
@@ -1197,6 +1246,12 @@ def run(options: Options, *, say) -> Outcome:
             settings.DELAYPAY_RAIL_SANDBOX_URL = gateway.url  # this process's settlement checks
             close_rails()
         stack = Stack(log_dir, env=env)
+        if options.replica:
+            # Made from the migrated primary before the workload: it streams every write after.
+            replica = ReplicaRun(pg, stack=stack, log_dir=log_dir, seed=options.seed)
+            replica.start()
+            say(f"chaos: streaming standby on 127.0.0.1:{replica.standby.cluster.port}, "
+                f"web reading from it on {replica.web_url}")
         workers = [f"worker{i + 1}" for i in range(options.workers)]
         stack.start_all(workers=options.workers, concurrency=options.concurrency)
         for name in options.promoters[1:]:
@@ -1208,7 +1263,7 @@ def run(options: Options, *, say) -> Outcome:
             stack.start_payouts()
         figures = Figures()
         injector = Injector(stack=stack, pg=pg, redis=redis, options=options, figures=figures, workers=workers,
-                            receiver=receiver, gateway=gateway)
+                            receiver=receiver, gateway=gateway, replica=replica)
 
         # Booting Celery is CPU-heavy: let it finish before timing the workload.
         stack.wait_ready([*workers, *options.promoters, *(["webhooks"] if receiver else []),
@@ -1221,6 +1276,8 @@ def run(options: Options, *, say) -> Outcome:
             f"{options.window:.0f}s from t+{max(0.0, workload.first_due - time.time()):.1f}s; "
             f"{len(workload.cancels)} cancels; injecting")
 
+        if replica is not None:
+            replica.start_reading(workload.payments)
         canceller = threading.Thread(target=cancel_while_draining, args=(workload, figures, stop), daemon=True)
         canceller.start()
         injector.run(plan, first_due=workload.first_due, stop=stop)
@@ -1257,13 +1314,20 @@ def run(options: Options, *, say) -> Outcome:
         if gateway is not None:
             injector.supervise()  # the gateway must answer the checks
             payouts = db_retry(lambda: payout_figures(workload, gateway))
+        replicated = None
+        if replica is not None:
+            injector.supervise()  # the web process must answer /metrics
+            final = dict(db_retry(lambda: list(ScheduledPayment.objects.values_list("id", "status"))))
+            down = [(at, up or time.time()) for at, up in figures.postgres_outages]
+            replicated = replica.finish(final, primary_down=down)
+            say(f"chaos: replica{describe_replica(replicated)}")
         stack.stop()
         if receiver is not None:
             receiver.stop()
             received = receiver.summary()
         outcome = measure(workload, figures, converged=converged, converge_seconds=waited, options=options,
                           total_seconds=time.monotonic() - started, log_dir=log_dir, received=received,
-                          payouts=payouts)
+                          payouts=payouts, replica=replicated)
         (log_dir / "figures.json").write_text(json.dumps(outcome.figures, indent=2, default=str))
         return outcome
     finally:
@@ -1280,6 +1344,8 @@ def run(options: Options, *, say) -> Outcome:
         if canceller is not None:
             canceller.join(timeout=10)
         connections.close_all()
+        if replica is not None:
+            replica.close()
         redis.stop()
         if options.keep:
             say(f"chaos: kept cluster {pg.version}/{pg.name} (port {pg.port}); drop it with "

@@ -55,16 +55,20 @@ class Stack:
         self._logs: list = []
 
     def _spawn(
-        self, name: str, kind: str, env: dict[str, str] | None = None, extra_args: str = ""
+        self, name: str, kind: str, env: dict[str, str] | None = None, extra_args: str = "", *, loopback: bool = False
     ) -> subprocess.Popen:
-        """Run the Procfile's ``kind`` line (plus ``extra_args``) under the name ``name``."""
+        """Run the Procfile's ``kind`` line (plus ``extra_args``) under the name ``name``;
+        ``loopback``: bound to 127.0.0.1 instead of every address."""
         if name in self.procs and self.procs[name].poll() is None:
             raise RuntimeError(f"{name} is already running")
+        command = procfile()[kind]
+        if loopback:
+            command = command.replace("0.0.0.0", "127.0.0.1")  # nosec B104: replacing it, not binding it
         log = open(self.log_dir / f"{name}.log", "ab")
         self._logs.append(log)
         # The Procfile's line through sh, as a platform runs it (bandit B607: sh from PATH).
         proc = subprocess.Popen(  # nosec B607
-            ["sh", "-c", f"exec {procfile()[kind]} {extra_args}".rstrip()],
+            ["sh", "-c", f"exec {command} {extra_args}".rstrip()],
             cwd=BASE_DIR,
             # application_name in pg_stat_activity: which process holds which transaction.
             env={**self.env, "PGAPPNAME": name, **(env or {})},
@@ -96,6 +100,10 @@ class Stack:
     def start_gateway(self, port: int, name: str = "gateway") -> subprocess.Popen:
         """The sandbox gateway (rails/sandbox.py) on ``port``, its storage in the log directory."""
         return self._spawn(name, "gateway", {"GATEWAY_PORT": str(port), "GATEWAY_DB": str(self.log_dir / f"{name}.db")})
+
+    def start_web(self, port: int, name: str = "web", *, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """The web process (gunicorn, one worker) on 127.0.0.1:``port``."""
+        return self._spawn(name, "web", {"PORT": str(port), "WEB_CONCURRENCY": "1", **(env or {})}, loopback=True)
 
     def start_beat(self, name: str = "beat") -> subprocess.Popen:
         return self._spawn(name, "beat", {"DELAYPAY_BEAT_SCHEDULE_FILE": str(self.log_dir / f"{name}-schedule")})

@@ -10,6 +10,7 @@ private port, and removes both afterwards.
 import getpass
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -161,6 +162,85 @@ class PrivatePostgres:
         # Trust authentication on a private loopback cluster: no password (bandit B105).
         db = {"NAME": self.database, "HOST": "127.0.0.1", "PORT": str(self.port), "USER": self.user}
         return {**db, "PASSWORD": ""}  # nosec B105
+
+
+def server_bindir() -> Path:
+    """The PostgreSQL server programs: pg_config's bindir, else the newest under
+    /usr/lib/postgresql; SandboxError when there are none (initdb, pg_basebackup)."""
+    candidates = []
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False).stdout.strip()
+        if out:
+            candidates.append(Path(out))
+    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True)
+    for candidate in candidates:
+        if (candidate / "initdb").exists() and (candidate / "pg_basebackup").exists():
+            return candidate
+    raise SandboxError("no PostgreSQL server programs (initdb, pg_basebackup) on this machine")
+
+
+def as_postgres(*command: str) -> list[str]:
+    """``command`` as the postgres user when we are root: PostgreSQL's programs refuse root."""
+    return [*(["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []), *command]
+
+
+class DataCluster:
+    """One PostgreSQL data directory and the server running on it (``pg_ctl``), for what a
+    Debian cluster cannot be: a primary of our own configuration, a streaming standby."""
+
+    def __init__(self, *, bindir: Path, directory: Path, port: int, database: str = "delaypay", user: str = "root"):
+        self.bindir = bindir
+        self.directory = directory
+        self.port = port
+        self.database = database
+        self.user = user
+        self.log = directory.parent / f"{directory.name}.log"
+
+    def run(self, program: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        proc = subprocess.run(
+            as_postgres(str(self.bindir / program), *args),
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, check=False,
+        )
+        if proc.returncode != 0:
+            raise SandboxError(f"{program} {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        return proc
+
+    def configure(self, **parameters) -> None:
+        with open(self.directory / "postgresql.conf", "a") as conf:
+            for name, value in parameters.items():
+                conf.write(f"{name} = '{value}'\n")
+
+    def start(self) -> None:
+        self.run("pg_ctl", "-D", str(self.directory), "-l", str(self.log), "-w", "-t", "60", "start")
+        wait_for(self.answers, timeout=30, what=f"PostgreSQL on port {self.port}")
+
+    def stop(self, mode: str = "fast") -> None:
+        self.run("pg_ctl", "-D", str(self.directory), "-m", mode, "-w", "-t", "60", "stop")
+
+    def running(self) -> bool:
+        proc = subprocess.run(as_postgres(str(self.bindir / "pg_ctl"), "-D", str(self.directory), "status"),
+                              capture_output=True, stdin=subprocess.DEVNULL, check=False)
+        return proc.returncode == 0
+
+    def dsn(self, dbname: str | None = None) -> str:
+        return f"host=127.0.0.1 port={self.port} user={self.user} dbname={dbname or self.database} connect_timeout=2"
+
+    def url(self) -> str:
+        return f"postgres://{self.user}@127.0.0.1:{self.port}/{self.database}"
+
+    def answers(self) -> bool:
+        try:
+            with psycopg.connect(self.dsn("postgres")) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
+    def execute(self, statement: str, params=None, dbname: str | None = None):
+        with psycopg.connect(self.dsn(dbname), autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else None
 
 
 class PrivateRedis:

@@ -67,6 +67,7 @@ from .exceptions import (
 )
 from .forms import RedriveForm, ReviewForm
 from .models import (
+    ArchivedPartition,
     ExecutionAttempt,
     FailureReason,
     PaymentEvent,
@@ -1541,3 +1542,15 @@ class RecurringEventAdmin(PaymentAuditAdmin):
     search_fields = ("recurring__id",)
     search_help_text = "Exact recurring payment id; several separated by spaces."
     search_by = "recurring_id"
+
+
+@admin.register(ArchivedPartition)
+class ArchivedPartitionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The months of the schedule that left the database (payments/partitions.py): where
+    their files are, what they held, and the totals reconciliation checks the ledger
+    against. A payment id in one of these ranges answers 410 payment_archived."""
+
+    list_display = ("month", "payments", "executed_count", "executed_amount", "location", "archived_at")
+    fields = ("month", "id_low", "id_high", "payments", "executed_count", "executed_amount", "location",
+              "manifest", "archived_at")
+

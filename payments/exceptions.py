@@ -28,6 +28,17 @@ class PaymentNotFound(DomainError):
     default_detail = "No such payment."
 
 
+class PaymentArchived(PaymentNotFound):
+    """An id in a month that left the database (payments/partitions.py): the payment, if
+    it existed, finished long ago and is in the archive, outside the API."""
+
+    code = "payment_archived"
+
+    def __init__(self, month: str):
+        super().__init__(f"Payments created in {month} were archived; their records are with the operator.",
+                         archived_month=month)
+
+
 class AccountNotFound(DomainError):
     code = "not_found"
     default_detail = "No such account."

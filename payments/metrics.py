@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 
 from common import broker
 
-from . import selectors, services
+from . import partitions, selectors, services
 from .execution import BatchResult
 from .models import Heartbeat
 
@@ -277,6 +277,7 @@ class ScheduleCollector(Collector):
         review = selectors.review_queue_health()
         counts = payment_counts_cached(self.counts_max_age)
         beats = selectors.heartbeat_readings()
+        layout = partitions.partition_state()
         families = [
             GaugeMetricFamily(
                 "delaypay_due_oldest_age_seconds",
@@ -339,6 +340,23 @@ class ScheduleCollector(Collector):
                 beat = beats.get(Heartbeat.shard_name(index))
                 shards.add_metric([str(index)], beat.age_seconds if beat is not None else math.inf)
             families.append(shards)
+        families.append(GaugeMetricFamily(
+            "delaypay_partitions_ahead_seconds",
+            "Seconds from now to the end of the last month that has its partitions (payments/partitions.py); "
+            "a new payment's id past it would land in the default partition.",
+            value=layout["ahead_seconds"],
+        ))
+        default_rows = GaugeMetricFamily(
+            "delaypay_partition_default_rows",
+            "Rows in each table's default partition (ids no month covers; counted up to 10,000). Should be 0.",
+            labels=["table"],
+        )
+        for table, n in layout["default_rows"].items():
+            default_rows.add_metric([table], n)
+        families += [default_rows, GaugeMetricFamily(
+            "delaypay_partition_months", "Months of the schedule with their partitions in the database.",
+            value=len(layout["months"]),
+        )]
         reconcile = beats.get(Heartbeat.RECONCILE)
         if reconcile is not None:
             families += [

@@ -156,17 +156,8 @@ class ScheduledPayment(models.Model):
             models.CheckConstraint(
                 condition=models.Q(jitter_seconds__gte=0, jitter_seconds__lte=3600), name="payments_jitter_range"
             ),
-            # A retried or duplicated generation can never create an occurrence twice,
-            # and an occurrence cancelled on its own keeps its slot: it is never generated
-            # again. Only one its series cancelled (paused, changed, ended) frees its slot
-            # for the series (a resume before it was due brings it back). One-shot
-            # payments are not in the index: a status change is never a HOT update, so
-            # every index a row is in costs every claim and every finish.
-            models.UniqueConstraint(
-                fields=["recurring", "occurrence_at"],
-                condition=models.Q(recurring__isnull=False, cancelled_by_series=False),
-                name="payments_occurrence_unique",
-            ),
+            # An occurrence is created at most once per slot: OccurrenceSlot (a partitioned
+            # table cannot hold a unique index without its partition key, the id).
             models.CheckConstraint(
                 condition=models.Q(cancelled_by_series=False) | models.Q(status="CANCELLED"),
                 name="payments_series_cancel_is_cancelled",
@@ -406,8 +397,11 @@ class ExecutionAttempt(models.Model):
         # the next attempt looks the payout up at the rail by its key.
         UNKNOWN = "unknown"
 
-    # Indexed by payments_attempt_unique (payment, attempt): no second index.
-    payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="attempts", db_index=False)
+    # Indexed by payments_attempt_unique (payment, attempt): no second index. No foreign key
+    # constraint (migration 0019): written only with its payment, in the same transaction;
+    # reconciliation's orphan_history finds one without (decision 0009).
+    payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="attempts", db_index=False,
+                                db_constraint=False)
     attempt = models.IntegerField()
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(db_default=Now())
@@ -443,8 +437,10 @@ class PaymentEvent(models.Model):
         # (at lease_until, in data) resolves it.
         OUTCOME_UNKNOWN = "outcome_unknown"
 
-    # Indexed by payments_event_payment_idx (payment, id): no second index.
-    payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="events", db_index=False)
+    # Indexed by payments_event_payment_idx (payment, id): no second index. No foreign key
+    # constraint, as for attempts (migration 0019).
+    payment = models.ForeignKey(ScheduledPayment, on_delete=models.PROTECT, related_name="events", db_index=False,
+                                db_constraint=False)
     kind = models.CharField(max_length=20, choices=Kind.choices)
     from_status = models.CharField(max_length=12, blank=True, default="")
     to_status = models.CharField(max_length=12)
@@ -507,6 +503,48 @@ class StartMarker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.payment_id} attempt {self.attempt} started at {self.started_at}"
+
+
+class OccurrenceSlot(models.Model):
+    """The recurring occurrence that holds each (series, occurrence time) slot. A retried
+    or duplicated generation can never create an occurrence twice, and an occurrence
+    cancelled on its own keeps its slot: it is never generated again. Only one its series
+    cancelled (paused, changed, ended) frees its slot for the series (a resume before it
+    was due brings it back). Kept by triggers on the payments table (migration 0018); its
+    primary key is the uniqueness the payments' partitioned table cannot hold. Never
+    archived: a slot is three columns and must outlive its payment's partition."""
+
+    pk = models.CompositePrimaryKey("recurring_id", "occurrence_at")
+    recurring_id = models.CharField(max_length=40)
+    occurrence_at = models.DateTimeField()
+    payment_id = models.CharField(max_length=40)
+
+    def __str__(self) -> str:
+        return f"{self.recurring_id} at {self.occurrence_at}: {self.payment_id}"
+
+
+class ArchivedPartition(models.Model):
+    """A month of the schedule that left the database (partitions.archive_month): its
+    payments, events, attempts and payouts were exported to ``location`` (gzipped CSV and a
+    manifest with each file's SHA-256), checked, detached and dropped. Reconciliation reads
+    this to tell an archived payment from a missing one, and checks the ledger's transfers
+    keyed in the range against the executed totals recorded here."""
+
+    month = models.DateField(primary_key=True)
+    id_low = models.CharField(max_length=40)
+    id_high = models.CharField(max_length=40)
+    payments = models.BigIntegerField()
+    executed_count = models.BigIntegerField()
+    executed_amount = models.BigIntegerField()
+    location = models.TextField()
+    manifest = models.JSONField()
+    archived_at = models.DateTimeField(db_default=Now(), editable=False)
+
+    class Meta:
+        ordering = ["month"]
+
+    def __str__(self) -> str:
+        return f"{self.month:%Y-%m} ({self.payments} payments)"
 
 
 class Heartbeat(models.Model):

@@ -26,6 +26,7 @@ from ledger.models import Account
 
 from . import sql
 from .exceptions import (
+    PaymentArchived,
     PaymentCancelForbidden,
     PaymentNotFound,
     PaymentReviewForbidden,
@@ -34,6 +35,7 @@ from .exceptions import (
 )
 from .models import (
     TERMINAL_STATUSES,
+    ArchivedPartition,
     ExecutionAttempt,
     Heartbeat,
     PaymentStatus,
@@ -70,8 +72,19 @@ def payment_get(*, user, payment_id: str) -> ScheduledPayment:
     (not 403: existence is not revealed)."""
     payment = _with_attempts(payment_visible_to(user=user), user=user).filter(pk=payment_id).first()
     if payment is None:
+        archived = archived_month_of(payment_id)
+        if archived is not None:
+            raise PaymentArchived(archived)
         raise PaymentNotFound()
     return payment
+
+
+def archived_month_of(payment_id: str) -> str | None:
+    """The month (YYYY-MM) whose archive holds ``payment_id``'s range, or None. Says
+    nothing about a payment: any id in the range answers the same."""
+    month = (ArchivedPartition.objects.filter(id_low__lte=payment_id, id_high__gt=payment_id)
+             .values_list("month", flat=True).first())
+    return f"{month:%Y-%m}" if month else None
 
 
 def payment_list(*, user, status: str | None = None) -> QuerySet[ScheduledPayment]:

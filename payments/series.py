@@ -50,6 +50,8 @@ from .services import (
 logger = logging.getLogger(__name__)
 
 SKIPPED_RECORD_LIMIT = 100
+# The constraint an occurrence violates when its slot is taken (models.OccurrenceSlot).
+OCCURRENCE_TAKEN = "payments_occurrenceslot_pkey"
 # The promoter's tick generates due occurrences in transactions of at most this many
 # series, each series in a savepoint of its own, and waits at most this long for any
 # row lock: a series that cannot be generated now (a lock held elsewhere, a deadlock,
@@ -148,7 +150,7 @@ def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPaymen
     except IntegrityError as exc:
         # Only "this occurrence already exists" means generating it again creates nothing;
         # any other violation is a real error (the schedule's savepoint logs and skips it).
-        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != "payments_occurrence_unique":
+        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != OCCURRENCE_TAKEN:
             raise
     following = next_occurrence(rule_of(rec), after=occurrence_at)
     ended = following is None

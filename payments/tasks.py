@@ -14,7 +14,7 @@ from django.db import close_old_connections
 
 from rails.base import RailUnavailable
 
-from . import execution, metrics, payouts, promoter, reconciliation, settlement
+from . import execution, metrics, partitions, payouts, promoter, reconciliation, settlement
 from .worker import TRANSIENT_ERRORS, run_batch
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,18 @@ def promoter_tick(shard: int = 0, shards: int = 1) -> dict:
 def purge_start_markers() -> dict:
     """Delete the executor's start markers no attempt needs any more (beat: every minute)."""
     return {"deleted": execution.purge_start_markers()}
+
+
+@shared_task(name="payments.tasks.ensure_partitions", ignore_result=True)
+def ensure_partitions() -> dict:
+    """Create the schedule's partitions for the months ahead that lack one (beat: hourly)."""
+    return {"created": partitions.ensure_partitions()}
+
+
+@shared_task(name="payments.tasks.archive_partitions", ignore_result=True)
+def archive_partitions() -> dict:
+    """Archive the months past DELAYPAY_RETENTION_DAYS whose payments all finished (beat: daily)."""
+    return {"archived": partitions.archive_due_months()}
 
 
 def run_claimed(task, pairs: list[list], run) -> dict:

@@ -20,7 +20,7 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import date, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -43,7 +43,7 @@ from knox.models import AuthToken
 from ledger.models import ISSUANCE_ACCOUNT_ID, Account, Transfer
 from ledger.services import deposit_request_create
 from payments.management.commands.staff_groups import STAFF_GROUPS
-from payments.models import RailState
+from payments.models import ArchivedPartition, RailState
 from payments.series import recurring_create
 from tests.api import future
 from tests.conftest import admin_client_for, client_for
@@ -251,7 +251,8 @@ ADMIN_ACTIONS: dict[tuple[str, str], tuple[str, ...]] = {
         for label in (
             "payments.ScheduledPayment", "payments.RecurringPayment", "payments.PaymentEvent",
             "payments.ExecutionAttempt", "payments.RecurringEvent", "payments.Payee", "payments.Payout",
-            "payments.RailState", "ledger.Account", "ledger.Transfer", "ledger.DepositRequest", "ledger.StaffAction",
+            "payments.RailState", "payments.ArchivedPartition",
+            "ledger.Account", "ledger.Transfer", "ledger.DepositRequest", "ledger.StaffAction",
             "ledger.PendingTransfer", "webhooks.Endpoint", "webhooks.Event", "webhooks.Delivery",
         )
     },
@@ -502,6 +503,9 @@ def build_world() -> World:
     for role in ("clearing", "settlement"):
         Account.objects.get_or_create(id=f"acc_sandbox_{role}", defaults={"name": role, "kind": Account.Kind.SYSTEM})
     rail_state, _ = RailState.objects.get_or_create(rail="sandbox")
+    # A month archived long ago (payments/partitions.py): its record, for the admin's page.
+    ArchivedPartition.objects.create(month=date(2020, 1, 1), id_low="pay_01DX", id_high="pay_01E0", payments=0,
+                                     executed_count=0, executed_amount=0, location="/archive", manifest={})
     payee = payee_for(owner)
     payout = reserved_payout(source=account, payee=payee, amount=3)
     roles = {}

@@ -12,13 +12,15 @@ the whole system holds, so exactly those payments end FAILED(insufficient_funds)
 whatever order the batches run in.
 """
 
+import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 
 from ledger.models import ISSUANCE_ACCOUNT_ID
+from payments.partitions import id_bound, month_of
 
 UNDERFUNDED_EVERY = 50  # 2%
 UNDERFUNDED_AMOUNT = 10**12  # more than the sum of every balance in any scenario
@@ -41,8 +43,14 @@ def account_id(n: int) -> str:
     return f"acc_bench_{n:08d}"
 
 
+# Bench payments' ids sort like ids made at the start of this month (the ULID's time,
+# then n), so they land in this month's partition as real ones would
+# (payments/partitions.py), not in the default partition.
+BENCH_ID_PREFIX = id_bound(month_of(datetime.now(UTC)))[:14]
+
+
 def payment_id(n: int) -> str:
-    return f"pay_bench_{n:010d}"
+    return f"{BENCH_ID_PREFIX}{n:016d}"
 
 
 TREASURY_ACCOUNT = account_id(1)
@@ -84,7 +92,7 @@ WITH src AS (
     INSERT INTO payments_scheduledpayment
            (id, payer_id, from_account_id, to_account_id, amount, execute_at, requested_execute_at,
             jitter_seconds, status, failure_reason, attempt, version, created_at, updated_at)
-    SELECT 'pay_bench_' || lpad(g::text, 10, '0'), %(payer)s,
+    SELECT %(id_prefix)s || lpad(g::text, 16, '0'), %(payer)s,
            'acc_bench_' || lpad(f::text, 8, '0'), 'acc_bench_' || lpad(t::text, 8, '0'),
            amount, execute_at, coalesce(requested_execute_at, execute_at), %(jitter)s,
            'SCHEDULED', '', 0, 1, now(), now()
@@ -176,11 +184,89 @@ def load_payments(
         "payer": payer.pk,
         "actor": f"user:{payer.pk}",
         "issuance": ISSUANCE_ACCOUNT_ID,
+        "id_prefix": BENCH_ID_PREFIX,
     }
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SELECT setseed(%s)", [seed])
         cur.execute(PAYMENTS_SQL.format(execute_at=TIMINGS[timing]), params)
     return Loaded(first=first, last=last, payments=payments, underfunded=underfunded_count(first, last))
+
+
+# Finished history (bench burst --history): EXECUTED payments made over the past months,
+# each with what the engine leaves in the schedule: three events (created, claimed,
+# executed), one attempt and its transfer. Payments come in pairs
+# that pay the same amount back, so no balance changes. ``prefixes`` holds each past
+# month's id prefix (payments/partitions.py): row g lands in month g % months.
+HISTORY_SQL = """
+WITH src AS (
+    SELECT g, 1 + (g / 2) %% %(accounts)s AS a, 1 + ((g / 2) * 7919 + 1) %% %(accounts)s AS b,
+           1 + (g / 2) %% 1000 AS amount, g %% %(months)s AS m
+      FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
+), rows AS (
+    SELECT g, amount,
+           (%(prefixes)s::text[])[1 + m] || lpad(g::text, 16, '0') AS id,
+           'acc_bench_' || lpad((CASE WHEN g %% 2 = 0 THEN a ELSE b END)::text, 8, '0') AS f,
+           'acc_bench_' || lpad((CASE WHEN g %% 2 = 0 THEN b ELSE a END)::text, 8, '0') AS t,
+           (%(starts)s::timestamptz[])[1 + m] + (g %% 2000000) * interval '1 second' AS made
+      FROM src WHERE a <> b
+), ins AS (
+    INSERT INTO payments_scheduledpayment
+           (id, payer_id, from_account_id, to_account_id, amount, execute_at, requested_execute_at,
+            jitter_seconds, status, failure_reason, attempt, tries, tried_attempt, version, claimed_at,
+            executed_at, created_at, updated_at)
+    SELECT id, %(payer)s, f, t, amount, made + interval '1 hour', made + interval '1 hour', 0, 'EXECUTED', '',
+           1, 1, 1, 3, made + interval '1 hour', made + interval '1 hour 1 second', made,
+           made + interval '1 hour 1 second'
+      FROM rows
+ RETURNING id, from_account_id, to_account_id, amount, execute_at, executed_at, created_at
+), events AS (
+    INSERT INTO payments_paymentevent
+           (payment_id, kind, from_status, to_status, attempt, actor, actor_user_id, data, created_at)
+    SELECT id, k.kind, k.from_status, k.to_status, k.attempt, %(actor)s, NULL, '{}'::jsonb, executed_at
+      FROM ins CROSS JOIN (VALUES ('created', '', 'SCHEDULED', 0), ('claimed', 'SCHEDULED', 'EXECUTING', 1),
+                                  ('executed', 'EXECUTING', 'EXECUTED', 1)) AS k(kind, from_status, to_status, attempt)
+), attempts AS (
+    INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)
+    SELECT id, 1, execute_at, executed_at, 'bench', 'executed', '' FROM ins
+)
+INSERT INTO ledger_transfer (key, debit_account_id, credit_account_id, amount, created_at)
+SELECT id, from_account_id, to_account_id, amount, executed_at FROM ins
+"""
+HISTORY_CHUNK = 500_000
+
+
+def load_history(*, payments: int, accounts: int, months: int = 12, say=None) -> dict:
+    """``payments`` EXECUTED payments spread over the ``months`` before this one, in their
+    months' partitions (made here), loaded in transactions of HISTORY_CHUNK."""
+    from payments.partitions import Month, add_months, create_month
+
+    this_month = month_of(datetime.now(UTC))
+    past = [Month(add_months(this_month, -k)) for k in range(months, 0, -1)]
+    with transaction.atomic(), connection.cursor() as cur:
+        for month in past:
+            create_month(cur, month)
+    payer = bench_user()
+    params = {"accounts": accounts, "months": months, "payer": payer.pk, "actor": f"user:{payer.pk}",
+              "prefixes": [m.low[:14] for m in past], "starts": [m.start for m in past]}
+    started, done = time.monotonic(), 0
+    while done < payments:
+        size = min(HISTORY_CHUNK, payments - done)
+        size += size % 2  # whole pairs: every balance nets to zero
+        with transaction.atomic(), connection.cursor() as cur:
+            # A scratch database: no WAL flush per chunk, and no webhook outbox for history
+            # (it is not the schedule's; reconciliation excuses archived months' events, and
+            # the bench's own check reads no webhooks).
+            cur.execute("SET LOCAL synchronous_commit = off")
+            cur.execute("ALTER TABLE payments_paymentevent DISABLE TRIGGER webhooks_payment_outbox")
+            cur.execute(HISTORY_SQL, {**params, "first": done, "last": done + size - 1})
+            cur.execute("ALTER TABLE payments_paymentevent ENABLE TRIGGER webhooks_payment_outbox")
+        done += size
+        if say:
+            say(f"  history: {done:,} of {payments:,} payments loaded ({time.monotonic() - started:.0f}s)")
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM payments_scheduledpayment WHERE status = 'EXECUTED'")
+        rows = cur.fetchone()[0]
+    return {"payments": rows, "months": months, "load_s": round(time.monotonic() - started, 1)}
 
 
 def analyze() -> None:
@@ -189,7 +275,8 @@ def analyze() -> None:
     VACUUM cannot run inside a transaction: call this outside ``transaction.atomic``.
     """
     with connection.cursor() as cur:
-        for table in ("payments_scheduledpayment", "payments_paymentevent", "ledger_account", "ledger_transfer"):
+        for table in ("payments_scheduledpayment", "payments_paymentevent", "payments_executionattempt",
+                      "ledger_account", "ledger_transfer"):
             cur.execute(f"VACUUM ANALYZE {table}")
 
 

@@ -41,7 +41,7 @@ WITH src AS (
     INSERT INTO payments_scheduledpayment
            (id, payer_id, from_account_id, to_payee_id, rail, amount, execute_at, requested_execute_at,
             jitter_seconds, status, failure_reason, attempt, version, created_at, updated_at)
-    SELECT 'pay_bench_' || lpad(g::text, 10, '0'), %(payer)s, 'acc_bench_' || lpad(f::text, 8, '0'),
+    SELECT %(id_prefix)s || lpad(g::text, 16, '0'), %(payer)s, 'acc_bench_' || lpad(f::text, 8, '0'),
            CASE WHEN g %% %(decline_every)s = 0 THEN %(decline_payee)s ELSE %(payee)s END, 'sandbox',
            amount, %(due_at)s, %(due_at)s, 0, 'SCHEDULED', '', 0, 1, now(), now()
       FROM src
@@ -102,6 +102,7 @@ def load_payouts(*, payouts: int, accounts: int, due_at, first: int) -> None:
             "accounts": accounts, "max_amount": loader.MAX_AMOUNT, "first": first, "last": first + payouts - 1,
             "payer": payer.pk, "payee": payee.id, "decline_payee": decline.id, "decline_every": DECLINE_EVERY,
             "due_at": due_at, "actor": f"user:{payer.pk}", "issuance": ISSUANCE_ACCOUNT_ID,
+            "id_prefix": loader.BENCH_ID_PREFIX,
         })
 
 

@@ -91,6 +91,12 @@ def summary(run: dict) -> str:
             f"correct             {run.get('correct')}"
             + ("" if run.get("correct") else f"  {run.get('check', {}).get('violations')}"),
         ]
+        history = run.get("history")
+        if history:
+            lines.append(f"history             {history['payments']:,} finished payments in {history['months']} past "
+                         f"months (loaded in {history['load_s']:,.0f} s); claim_due over them "
+                         f"{history['claim']['claim_ms_p50']:.2f} ms p50, "
+                         f"{history['claim']['claim_ms_p95']:.2f} ms p95")
         lines += webhook_lines(run.get("webhooks"))
         naive = run.get("naive")
         if naive and naive.get("error"):

@@ -9,12 +9,14 @@ import math
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from delaypay.db_router import REPLICA, current_routing
 from ledger.services import (
     DepositRefused,
     DepositRequestNotFound,
@@ -31,6 +33,7 @@ from payments.exceptions import (
     IdempotencyKeyReused,
     PayeeInUse,
     PayeeNotFound,
+    PaymentArchived,
     PaymentNotCancellable,
     PaymentNotEditable,
     PaymentNotFound,
@@ -52,6 +55,10 @@ from .parsers import PayloadTooLarge
 
 logger = logging.getLogger(__name__)
 
+# Seconds a client waits before retrying a request the database could not serve: a
+# restart or a failover is over in seconds, a deadlock's victim can go again at once.
+DATABASE_RETRY_AFTER = 2
+
 # Every code a client can see, with when. The OpenAPI schema publishes this as the
 # Error schema's enum; tests check that every code the code base raises is listed here.
 ERROR_CODES: dict[str, str] = {
@@ -61,6 +68,8 @@ ERROR_CODES: dict[str, str] = {
     "invalid_credentials": "Wrong username or password at /auth/token.",
     "permission_denied": "Authenticated but not allowed (403), e.g. a deposit by a non-staff user.",
     "not_found": "No such resource, or not yours to see (404: existence is not revealed).",
+    "payment_archived": "The payment id falls in a month that was archived (DELAYPAY_RETENTION_DAYS): its record "
+    "left the database (410; `archived_month` says which).",
     "method_not_allowed": "The path exists but not with this method (405).",
     "not_acceptable": "The Accept header excludes application/json (406).",
     "unsupported_media_type": "The body is not application/json (415).",
@@ -81,6 +90,9 @@ ERROR_CODES: dict[str, str] = {
     "payout_outcome_unknown": "Cancel of a payout whose funds are reserved at its rail, outcome not yet known (409).",
     "payout_paid_at_rail": "Resolve as failed of a parked payout its rail paid: re-drive it instead (409).",
     "rail_unavailable": "The payment rail did not answer a lookup the action needs; try again later (503).",
+    "database_unavailable": "The database did not answer (restarting, failing over) or rolled the request back "
+    "(a deadlock, a serialization failure): nothing was changed; retry after `retry_after` seconds, a write "
+    "with the same Idempotency-Key (503).",
     "payment_not_in_review": "Re-drive or resolve of a payment not in NEEDS_REVIEW; `status` says what it is (409).",
     "version_mismatch": "If-Match names a version other than the current one, given in `version` (412).",
     "recurring_not_editable": "The recurring payment has ENDED and can no longer change (409); `status` says so.",
@@ -115,6 +127,7 @@ ERROR_CODE_CHOICES = list(ERROR_CODES.items())
 DOMAIN_STATUSES: list[tuple[type[Exception], int]] = [
     (StaffActionForbidden, status.HTTP_403_FORBIDDEN),  # and PaymentCancelForbidden
     (PaymentReviewForbidden, status.HTTP_403_FORBIDDEN),
+    (PaymentArchived, status.HTTP_410_GONE),  # before PaymentNotFound, its base
     (PaymentNotFound, status.HTTP_404_NOT_FOUND),
     (AccountNotFound, status.HTTP_404_NOT_FOUND),
     (RecurringNotFound, status.HTTP_404_NOT_FOUND),
@@ -195,6 +208,17 @@ def exception_handler(exc, context):
         exc = exceptions.NotFound()
     if isinstance(exc, RequestDataTooBig):  # Django's own limit (DATA_UPLOAD_MAX_MEMORY_SIZE)
         exc = PayloadTooLarge(settings.DELAYPAY_MAX_BODY_BYTES)
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        routing = current_routing()
+        if routing is not None and routing.database == REPLICA:
+            return None  # the read replica failed: the middleware reads it again from the primary
+        # Not a bug: the database is down or restarting, or it rolled this request back.
+        # The transaction is gone, so nothing was written; the client may retry.
+        set_rollback()
+        logger.warning("database unavailable", extra={"error": type(exc).__name__, "error_detail": str(exc)[:300]})
+        return Response(error_body("database_unavailable", "The database is not available; retry shortly.",
+                                   retry_after=DATABASE_RETRY_AFTER),
+                        status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": str(DATABASE_RETRY_AFTER)})
     if not isinstance(exc, exceptions.APIException):
         return None  # a real bug: Django's 500 handler answers (JSON, see server_error)
     set_rollback()

@@ -106,7 +106,7 @@ class PaymentDetailView(ApiView):
         tags=["payments"],
         summary="A payment with its status, failure_reason and attempts",
         parameters=[ETAG, WWW_AUTHENTICATE],
-        responses={200: s.PaymentSerializer, **errors(*READ, 404)},
+        responses={200: s.PaymentSerializer, **errors(*READ, 404, 410)},
     )
     def get(self, request, payment_id: str):
         return payment_response(request, payment_id)

@@ -66,6 +66,8 @@ _WHEN = {
     404: "not_found: no such resource, or not yours (existence is not revealed).",
     406: "not_acceptable: the Accept header excludes application/json.",
     409: "A conflict; see `code`.",
+    410: "payment_archived: the id falls in a month that was archived (DELAYPAY_RETENTION_DAYS); "
+    "`archived_month` says which.",
     412: "version_mismatch: If-Match names a version other than the current one, given in `version`.",
     413: "payload_too_large: the body is over 64 KiB.",
     415: "unsupported_media_type: the body must be application/json, with at most a charset parameter.",

@@ -9,6 +9,7 @@ from devtools.chaos import (
     MINIMUM_FAULTS,
     OUTAGE_KINDS,
     PAYOUT_FAULTS,
+    REPLICA_FAULTS,
     WEBHOOK_FAULTS,
     Options,
     fault_plan,
@@ -89,3 +90,16 @@ def test_webhook_faults_come_on_top_of_the_same_core_plan(seed):
     )
     assert all(0.5 <= f.at <= 30 for f in with_hooks if f.kind in WEBHOOK_FAULTS)
     assert [f.kind for f in fault_plan(Options(seed=seed, faults=0))] == []
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_replica_faults_come_on_top_of_the_same_plan_and_never_overlap(seed):
+    """--replica adds its two faults, from their own stream: the replay paused in the first
+    half of the window, the standby stopped in the second, so they never overlap."""
+    plain = fault_plan(Options(seed=seed, faults=20, window=30))
+    with_replica = fault_plan(Options(seed=seed, faults=20, window=30, replica=True))
+    assert [f for f in with_replica if f.kind not in REPLICA_FAULTS] == plain
+    lag, down = (next(f for f in with_replica if f.kind == kind) for kind in ("replica_lag", "replica_down"))
+    assert lag.at + lag.duration < down.at <= 30
+    assert [f.kind for f in fault_plan(Options(seed=seed, faults=0, replica=True))] == []
+

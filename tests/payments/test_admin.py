@@ -512,7 +512,7 @@ def test_staff_groups_command_creates_support_auditor_and_treasury(staff_groups)
         "view_scheduledpayment", "view_executionattempt", "view_paymentevent", "view_recurringpayment",
         "view_recurringevent", "view_account", "view_transfer", "view_depositrequest", "view_staffaction",
         "view_endpoint", "view_event", "view_delivery", "view_deliveryattempt",
-        "view_payee", "view_payout", "view_railstate", "view_pendingtransfer",
+        "view_payee", "view_payout", "view_railstate", "view_archivedpartition", "view_pendingtransfer",
     }
     # Money: deposits, requests above the threshold, deciding others' requests (four eyes),
     # and holding a rail's breaker open or closed.

@@ -119,6 +119,16 @@ def test_money_moved_for_unexecuted_or_missing_payments_is_reported(history):
     assert "balance_mismatch" not in report
 
 
+def test_events_and_attempts_of_no_payment_are_reported(history):
+    """They carry no foreign key to the partitioned payments (migration 0018, decision 0009)."""
+    PaymentEvent.objects.create(payment_id="pay_GONE", kind="created", to_status="SCHEDULED", actor="test")
+    ExecutionAttempt.objects.create(payment_id="pay_GONE", attempt=1, started_at=timezone.now(), outcome="executed")
+    ExecutionAttempt.objects.create(payment_id="pay_ALSOGONE", attempt=1, started_at=timezone.now(), outcome="error")
+    report = violated(reconcile())
+    assert report["orphan_history"] == ["pay_ALSOGONE: 0 events, 1 attempts of no payment",
+                                        "pay_GONE: 1 events, 1 attempts of no payment"]
+
+
 def test_balances_that_do_not_follow_the_entries_are_reported(history):
     a = history["a"]
     with connection.cursor() as cur:

@@ -24,97 +24,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 from django.conf import settings
 
 from devtools.processes import procfile
-from devtools.sandbox import pick_port, wait_for
+from devtools.sandbox import DataCluster, SandboxError, pick_port, server_bindir, wait_for
 
 BASE_DIR = Path(settings.BASE_DIR)
 DATABASE = "delaypay"
 
 
 def _bindir() -> Path:
-    """The PostgreSQL server programs: pg_config's bindir, else the newest under /usr/lib/postgresql."""
-    candidates = []
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        out = subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=False).stdout.strip()
-        if out:
-            candidates.append(Path(out))
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True)
-    candidates += versions
-    for candidate in candidates:
-        if (candidate / "initdb").exists() and (candidate / "pg_basebackup").exists():
-            return candidate
-    pytest.skip("no PostgreSQL server programs (initdb, pg_basebackup) on this machine")
-
-
-class Cluster:
-    """One PostgreSQL data directory and the server running on it."""
-
-    def __init__(self, *, bindir: Path, directory: Path, port: int):
-        self.bindir = bindir
-        self.directory = directory
-        self.port = port
-        self.log = directory.parent / f"{directory.name}.log"
-
-    def run(self, program: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        # As the postgres user when we are root: PostgreSQL's programs refuse to run as root.
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        proc = subprocess.run(
-            [*prefix, str(self.bindir / program), *args],
-            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{program} {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
-        return proc
-
-    def configure(self, **parameters) -> None:
-        with open(self.directory / "postgresql.conf", "a") as conf:
-            for name, value in parameters.items():
-                conf.write(f"{name} = '{value}'\n")
-
-    def start(self) -> None:
-        self.run("pg_ctl", "-D", str(self.directory), "-l", str(self.log), "-w", "-t", "60", "start")
-        wait_for(self.answers, timeout=30, what=f"PostgreSQL on port {self.port}")
-
-    def stop(self, mode: str = "fast") -> None:
-        self.run("pg_ctl", "-D", str(self.directory), "-m", mode, "-w", "-t", "60", "stop")
-
-    def running(self) -> bool:
-        proc = subprocess.run(
-            [*(["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []),
-             str(self.bindir / "pg_ctl"), "-D", str(self.directory), "status"],
-            capture_output=True, stdin=subprocess.DEVNULL, check=False,
-        )
-        return proc.returncode == 0
-
-    def dsn(self, dbname: str = DATABASE) -> str:
-        return f"host=127.0.0.1 port={self.port} user=root dbname={dbname} connect_timeout=2"
-
-    def url(self) -> str:
-        return f"postgres://root@127.0.0.1:{self.port}/{DATABASE}"
-
-    def answers(self) -> bool:
-        try:
-            with psycopg.connect(self.dsn("postgres")) as conn:
-                conn.execute("SELECT 1")
-            return True
-        except psycopg.Error:
-            return False
-
-    def execute(self, statement: str, params=None, dbname: str = DATABASE):
-        with psycopg.connect(self.dsn(dbname), autocommit=True) as conn:
-            cur = conn.execute(statement, params)
-            return cur.fetchall() if cur.description else None
+    try:
+        return server_bindir()
+    except SandboxError as exc:
+        pytest.skip(str(exc))
 
 
 @dataclass
 class Pair:
-    primary: Cluster
-    replica: Cluster
+    primary: DataCluster
+    replica: DataCluster
     seed: dict = field(default_factory=dict)
 
     def replay_position(self) -> int:
@@ -205,8 +135,8 @@ def pg_pair():
     base.chmod(0o700)
     primary_port = pick_port(55432)
     replica_port = pick_port(primary_port + 1)
-    primary = Cluster(bindir=bindir, directory=base / "primary", port=primary_port)
-    replica = Cluster(bindir=bindir, directory=base / "replica", port=replica_port)
+    primary = DataCluster(bindir=bindir, directory=base / "primary", port=primary_port)
+    replica = DataCluster(bindir=bindir, directory=base / "replica", port=replica_port)
     try:
         primary.run(
             "initdb", "-D", str(primary.directory), "-U", "root", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"

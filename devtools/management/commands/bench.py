@@ -21,7 +21,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("scenario", choices=[*SCENARIOS, "payouts", "fairness", "shards", "all"])
+        parser.add_argument("scenario", choices=[*SCENARIOS, "payouts", "fairness", "shards", "archive", "all"])
         parser.add_argument("--payments", type=int, help="payments to load (burst/hot-sender 100000; steady "
                             "rate x duration; backlog: the large backlog, 2000000; memory: the large level, 1000000)")
         parser.add_argument("--accounts", type=int, default=10_000, help="accounts (default 10000)")
@@ -41,6 +41,9 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a drain (900)")
         parser.add_argument("--pgbench-seconds", type=int, default=15, help="pgbench duration (15)")
         parser.add_argument("--no-naive", action="store_true", help="skip the naive Celery baseline")
+        parser.add_argument("--history", type=int, default=0, metavar="N",
+                            help="burst/hot-sender/steady: first load N finished payments into the past 12 months' "
+                                 "partitions and time the claim over them (0)")
         parser.add_argument("--naive-payments", type=int, help="payments for the naive drain (default "
                             "min(payments, 20000); steady: the same load)")
         parser.add_argument("--naive-budget", type=float, default=300.0,
@@ -82,6 +85,8 @@ class Command(BaseCommand):
             return self._fairness(opts)
         if opts["scenario"] == "shards":
             return self._shards(opts)
+        if opts["scenario"] == "archive":
+            return self._archive(opts)
         scenarios = list(SCENARIOS) if opts["scenario"] == "all" else [opts["scenario"]]
         if not 0 <= opts["jitter"] <= 3600:
             raise CommandError("--jitter must be between 0 and 3600 seconds, like jitter_seconds")
@@ -116,6 +121,7 @@ class Command(BaseCommand):
                     naive_rss_cap_mb=opts["naive_rss_cap_mb"],
                     profile=opts["profile"],
                     webhooks=opts["webhooks"],
+                    history=opts["history"],
                     keep=opts["keep"],
                     say=say,
                 )
@@ -166,6 +172,14 @@ class Command(BaseCommand):
             self.stdout.write(f"JSON written to {opts['json']}")
         if not result["correct"]:
             raise CommandError("the correctness check failed (see 'correct' above)")
+
+    def _archive(self, opts: dict) -> None:
+        """``bench archive``: devtools/bench/archive.py (``--history`` payments in the month)."""
+        from devtools.bench import archive
+
+        options = archive.ArchiveOptions(payments=opts["history"] or 1_000_000, accounts=opts["accounts"],
+                                         keep=opts["keep"])
+        self._own_run(opts, "archive", archive, options)
 
     def _payouts(self, opts: dict) -> None:
         """``bench payouts``: devtools/bench/payouts.py."""

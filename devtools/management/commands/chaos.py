@@ -70,6 +70,9 @@ class Command(BaseCommand):
         parser.add_argument("--log-dir", default=str(d.log_dir), help=f"where process logs go ({d.log_dir})")
         parser.add_argument("--shards", type=int, default=d.shards,
                             help=f"DELAYPAY_CLAIM_SHARDS, and as many promoter processes ({d.shards})")
+        parser.add_argument("--replica", action="store_true",
+                            help="a streaming standby, the web process reading from it (DATABASE_REPLICA_URL) and "
+                                 "an API reader through the run; adds the replica_down and replica_lag faults")
         parser.add_argument("--keep", action="store_true", help="keep the private cluster afterwards")
 
     def handle(self, *args, **o):
@@ -86,7 +89,7 @@ class Command(BaseCommand):
             payouts=o["payouts"], gateway_outage_seconds=o["gateway_outage_seconds"],
             pg_port=o["pg_port"],
             redis_port=o["redis_port"], cluster=o["cluster"], log_dir=Path(o["log_dir"]), keep=o["keep"],
-            shards=o["shards"],
+            shards=o["shards"], replica=o["replica"],
         )
         if not 1 <= options.shards <= 8:
             raise CommandError("--shards must be between 1 and 8")

@@ -17,6 +17,7 @@ VIEW = [
     "payments.view_payee",
     "payments.view_payout",
     "payments.view_railstate",
+    "payments.view_archivedpartition",
     "ledger.view_account",
     "ledger.view_transfer",
     "ledger.view_depositrequest",

@@ -3,6 +3,7 @@
 import logging
 
 import pytest
+from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions as drf_exceptions
 
 from ledger.services import DepositRefused
@@ -99,6 +100,7 @@ DOMAIN_ERRORS = [
     (domain.PaymentCancelForbidden(), 403),
     (domain.PaymentReviewForbidden(), 403),
     (domain.PaymentNotFound(), 404),
+    (domain.PaymentArchived("2026-01"), 410),
     (domain.AccountNotFound(), 404),
     (domain.RecurringNotFound(), 404),
     (domain.PaymentNotCancellable("EXECUTED"), 409),
@@ -191,3 +193,20 @@ def test_a_rate_of_off_disables_a_throttle(settings, api):
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"token": None, "create": None}}
     for i in range(5):
         assert post(api, "/api/v1/accounts", {"name": f"a{i}"}).status_code == 201
+
+
+@pytest.mark.parametrize("error", [OperationalError("connection refused"), InterfaceError("connection already closed")])
+def test_a_database_that_does_not_answer_is_a_503_to_retry_not_a_500(api, monkeypatch, caplog, error):
+    """Not a bug: the database is restarting, failing over, or rolled the request back.
+    The client is told to retry; nothing was written (the chaos run's primary crashes)."""
+    from payments.api import accounts as accounts_api
+
+    def unavailable(**kwargs):
+        raise error
+
+    monkeypatch.setattr(accounts_api, "account_visible_to", unavailable)
+    with caplog.at_level(logging.WARNING, logger="payments.api.errors"):
+        response = api.get("/api/v1/accounts")
+    body = assert_error(response, 503, "database_unavailable")
+    assert body["retry_after"] == int(response["Retry-After"]) == errors.DATABASE_RETRY_AFTER
+    assert "database unavailable" in caplog.text
