@@ -51,6 +51,14 @@ SELECT (SELECT md5(string_agg(id || ':' || status || ':' || attempt || ':' || ve
 """
 
 
+API_READS = re.compile(r'^delaypay_api_reads_total\{database="(\w+)",reason="(\w+)"\} (\S+)$', re.MULTILINE)
+
+
+def api_reads_in(metrics_text: str) -> dict[tuple[str, str], float]:
+    """delaypay_api_reads_total by (database, reason), from a /metrics page."""
+    return {(db, reason): float(value) for db, reason, value in API_READS.findall(metrics_text)}
+
+
 class Standby:
     """A hot standby of ``primary``, streaming from it."""
 
@@ -246,8 +254,7 @@ class ReplicaRun:
             text = httpx.get(f"{self.web_url}/metrics", timeout=10).text
         except httpx.TransportError:
             return {}
-        pattern = re.compile(r'^delaypay_api_reads_total\{database="(\w+)",reason="(\w+)"\} (\S+)$', re.MULTILINE)
-        return {f"{db}/{reason}": float(value) for db, reason, value in pattern.findall(text)}
+        return {f"{db}/{reason}": value for (db, reason), value in api_reads_in(text).items()}
 
     def finish(self, final_statuses: dict[str, str], *, primary_down: list[tuple[float, float]]) -> dict:
         """Stop reading, let the standby catch up, and compare it with the primary.

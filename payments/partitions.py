@@ -195,8 +195,9 @@ class NotArchivable(Exception):
     """The month still holds a payment that is not finished, or finished too recently."""
 
 
-def archive_cutoff(now: datetime | None = None) -> datetime | None:
-    days = settings.DELAYPAY_RETENTION_DAYS
+def archive_cutoff(now: datetime | None = None, *, days: int | None = None) -> datetime | None:
+    """Now minus the retention (``days``, else DELAYPAY_RETENTION_DAYS); None when it is 0."""
+    days = settings.DELAYPAY_RETENTION_DAYS if days is None else days
     if not days:
         return None
     return (now or timezone.now()) - timedelta(days=days)

@@ -246,6 +246,16 @@ class FairWalk:
         self.more = filled or walked >= walk or bool(self.hot)
 
 
+def _claim_rows(cur, statement: str, params: dict) -> list:
+    """Run one claim statement under the claim's planner setting (sql.CLAIM_SESSION), set
+    back after it; a claim that fails rolls its transaction back and the setting with it."""
+    cur.execute(sql.CLAIM_SESSION)
+    cur.execute(statement, params)
+    rows = cur.fetchall()
+    cur.execute(sql.CLAIM_SESSION_END)
+    return rows
+
+
 def claim_due(
     *, batch: int, lease_seconds: float, actor: str = "promoter", fair: FairWalk | None = None,
     shard: Shard = Shard.ALL,
@@ -258,18 +268,14 @@ def claim_due(
     claim = Claim()
     params = {**claim_params(batch=batch, lease_seconds=lease_seconds, actor=actor), **shard.params()}
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(sql.CLAIM_SESSION)
         if fair is None or fair.plain:
-            cur.execute(sql.CLAIM_DUE_SHARD if shard.sharded else sql.CLAIM_DUE, params)
-            claim.add_rows(cur.fetchall())
-            cur.execute(sql.CLAIM_SESSION_END)
+            claim.add_rows(_claim_rows(cur, sql.CLAIM_DUE_SHARD if shard.sharded else sql.CLAIM_DUE, params))
             if fair is not None:
                 fair.after_plain(claim, batch=batch)
             return claim
         fair_params = fair.params(batch)
-        cur.execute(sql.CLAIM_DUE_FAIR_SHARD if shard.sharded else sql.CLAIM_DUE_FAIR, {**params, **fair_params})
-        rows = cur.fetchall()
-        cur.execute(sql.CLAIM_SESSION_END)
+        rows = _claim_rows(cur, sql.CLAIM_DUE_FAIR_SHARD if shard.sharded else sql.CLAIM_DUE_FAIR,
+                           {**params, **fair_params})
         claim.add_rows([row[:6] for row in rows if row[0] is not None])
     fair.advance(rows[0][6:], walk=fair_params["walk"])
     return claim
@@ -282,12 +288,9 @@ def claim_payouts(*, rail: str, batch: int, lease_seconds: float, actor: str = "
     with transaction.atomic(), connection.cursor() as cur:
         state, allowance = breaker.take_allowance(rail=rail, want=batch)
         if allowance > 0:
-            cur.execute(sql.CLAIM_SESSION)
-            cur.execute(sql.CLAIM_PAYOUTS_DUE, {
+            claim.add_rows(_claim_rows(cur, sql.CLAIM_PAYOUTS_DUE, {
                 **claim_params(batch=allowance, lease_seconds=lease_seconds, actor=actor), "rail": rail,
-            })
-            claim.add_rows(cur.fetchall())
-            cur.execute(sql.CLAIM_SESSION_END)
+            }))
         breaker.spend(state, len(claim))
     return claim
 

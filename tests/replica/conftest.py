@@ -14,7 +14,6 @@ drives it over HTTP, as a client would.
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import httpx
 import pytest
 from django.conf import settings
 
+from devtools.chaos_replica import api_reads_in
 from devtools.processes import procfile
 from devtools.sandbox import DataCluster, SandboxError, pick_port, server_bindir, wait_for
 
@@ -251,9 +251,7 @@ class Web:
 
     def reads(self) -> dict[tuple[str, str], float]:
         """delaypay_api_reads_total by (database, reason), from /metrics."""
-        text = self.client.get("/metrics").text
-        pattern = re.compile(r'^delaypay_api_reads_total\{database="(\w+)",reason="(\w+)"\} (\S+)$', re.MULTILINE)
-        return {(db, reason): float(value) for db, reason, value in pattern.findall(text)}
+        return api_reads_in(self.client.get("/metrics").text)
 
     def stop(self) -> None:
         self.client.close()

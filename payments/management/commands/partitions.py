@@ -56,11 +56,7 @@ class Command(BaseCommand):
                 month = partitions.Month.parse(archive)
             except ValueError as exc:
                 raise CommandError("--archive takes a month as YYYY-MM") from exc
-            from datetime import timedelta
-
-            from django.utils import timezone
-
-            cutoff = timezone.now() - timedelta(days=days)
+            cutoff = partitions.archive_cutoff(days=days)
             if month.end > cutoff:
                 raise CommandError(f"{month.label} has payments made within the last {days} days")
             try:
