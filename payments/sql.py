@@ -20,7 +20,10 @@ the statement expects and why it is shaped as it is.
 # lease) and each gets its "claimed"/"reclaimed" event in the same statement. A row whose
 # lease expired after a worker started it (its start marker, MARK_STARTED) has that try
 # counted here (_STARTED: ``tries``, and ``tried_attempt`` for the "started" column).
-# :due_rows is how the UPDATE finds its rows.
+# The UPDATE finds its rows by primary key, always: joined to ``due`` alone, the planner
+# may hash the whole table to find them (under statistics that see a small table, or
+# with sorting priced as the last resort by CLAIM_SESSION): a sequential scan of every
+# partition on every claim, O(table) instead of O(batch) (test_execution_plans).
 _CLAIM_WRITE = """), claimed AS (
     UPDATE payments_scheduledpayment p
        SET status = 'EXECUTING',
@@ -33,7 +36,7 @@ _CLAIM_WRITE = """), claimed AS (
            next_attempt_at = NULL,
            updated_at = now()
       FROM due
-     :due_rows
+     WHERE p.id = ANY(ARRAY(SELECT id FROM due)) AND p.id = due.id
  RETURNING p.id, p.attempt, due.status AS previous_status, due.due_at, p.execute_at, p.tried_attempt,
            p.from_account_id
 ), audit AS (
@@ -51,12 +54,7 @@ _CLAIM_WRITE = """), claimed AS (
 _STARTED = "EXISTS (SELECT 1 FROM payments_startmarker s WHERE s.payment_id = p.id AND s.attempt = p.attempt)"
 
 
-def _claim_write(*, due_rows: str) -> str:
-    return _CLAIM_WRITE.replace(":due_rows", due_rows).replace(":started", _STARTED)
-
-
-_FAIR_DUE_ROWS = """-- By primary key, always: with a join alone the planner may hash the whole table.
-     WHERE p.id = ANY(ARRAY(SELECT id FROM due)) AND p.id = due.id"""
+_CLAIM_WRITE_SQL = _CLAIM_WRITE.replace(":started", _STARTED)
 
 
 # Raw SQL because the ORM cannot say UPDATE ... FROM (SELECT ... SKIP LOCKED) RETURNING
@@ -138,7 +136,7 @@ def _sharded(statement: str, *, sharded: bool) -> str:
 def _claim_for(*, rail: str, fresh_rail: str, sharded: bool = False) -> str:
     """The claim with its rail and shard filters in place (fixed fragments, never input)."""
     return _sharded(
-        _CLAIM_TEMPLATE.replace(":claim_write", _claim_write(due_rows="WHERE p.id = due.id"))
+        _CLAIM_TEMPLATE.replace(":claim_write", _CLAIM_WRITE_SQL)
         .replace(":fresh_rail", fresh_rail)
         .replace(":rail", rail),
         sharded=sharded,
@@ -272,7 +270,7 @@ SELECT c.id, c.attempt, c.previous_status, extract(epoch FROM now() - c.due_at):
   LEFT JOIN claimed c ON true
  ORDER BY c.execute_at, c.id
 """
-_CLAIM_DUE_FAIR_WRITES = _CLAIM_DUE_FAIR_TEMPLATE.replace(":claim_write", _claim_write(due_rows=_FAIR_DUE_ROWS))
+_CLAIM_DUE_FAIR_WRITES = _CLAIM_DUE_FAIR_TEMPLATE.replace(":claim_write", _CLAIM_WRITE_SQL)
 CLAIM_DUE_FAIR = _sharded(_CLAIM_DUE_FAIR_WRITES, sharded=False)
 CLAIM_DUE_FAIR_SHARD = _sharded(_CLAIM_DUE_FAIR_WRITES, sharded=True)
 
@@ -572,9 +570,9 @@ SELECT kind, coalesce(data->>'failure_reason', ''), count(*)
 # The dashboard's 24 h history (payments/dashboard.py). HISTORY_START: the first slot of
 # the window, on a slot boundary, ``slots`` slots before the current one (which it
 # includes); %(bucket)s: the slot's width in seconds. The two readings take that start
-# as a constant and read only the window's events through payments_event_created_idx
-# (created_at): the event log is append-only, so the window is one range at that index's
-# right edge.
+# as a constant and read only the window's events through payments_event_created_brin
+# (created_at): the event log is append-only, so the window is the last block ranges of
+# each partition.
 HISTORY_START = """
 SELECT date_bin(make_interval(secs => %(bucket)s), now(), timestamptz '2000-01-01')
        - make_interval(secs => %(bucket)s * (%(slots)s - 1))

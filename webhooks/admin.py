@@ -7,6 +7,7 @@ ConfirmedActAdminMixin); it calls ``delivery_resend``, the service the API's res
 and records the reason with the staff member's user in the admin's history.
 """
 
+import json
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
@@ -134,7 +135,7 @@ class EventAdmin(WebhookAuditAdmin):
         "version",
         "created_at",
         "fanned_out_at",
-        "snapshot",
+        "snapshot_col",
     )
     readonly_fields = fields
 
@@ -145,6 +146,12 @@ class EventAdmin(WebhookAuditAdmin):
     @admin.display(description="about")
     def subject_col(self, obj):
         return subject_link(obj)
+
+    @admin.display(description="snapshot")
+    def snapshot_col(self, obj):
+        if obj.snapshot is None:
+            return "none: a terminal event; the payment's row, frozen since, is what its deliveries carry"
+        return format_html("<pre>{}</pre>", json.dumps(obj.snapshot, indent=2, sort_keys=True))
 
     def get_search_results(self, request, queryset, search_term):
         terms = search_term.split()[:MAX_SEARCH_TERMS]

@@ -87,7 +87,7 @@ class Claimed:
     event_id: int
     type: str
     created_at: datetime
-    snapshot: dict
+    snapshot: dict | None  # None: a terminal event whose payment was archived (payloads.render_data)
     payment_id: str | None
     recurring_id: str | None
     endpoint_id: str

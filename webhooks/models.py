@@ -86,8 +86,10 @@ class Event(models.Model):
     # The payment's (or series') version in the transaction that wrote the event: receivers
     # order by it, since delivery order is not promised.
     version = models.IntegerField()
-    # The payment (or series) row as it was in that transaction (to_jsonb of the row).
-    snapshot = models.JSONField()
+    # The payment (or series) row as it was in that transaction (to_jsonb of the row). NULL
+    # for a terminal payment event (payment.executed, failed, cancelled): the row is frozen
+    # from then on, so the dispatcher reads the row itself (migration 0003).
+    snapshot = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now(), editable=False)
     fanned_out_at = models.DateTimeField(null=True, blank=True)
 

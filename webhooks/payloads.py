@@ -1,6 +1,8 @@
 """What a webhook says: the event's envelope around the payment (or recurring payment)
 as the API shows it, rendered from the snapshot the outbox trigger took in the
-transaction of the change, through the API's own serializers.
+transaction of the change, through the API's own serializers. A terminal payment event
+(executed, failed, cancelled) has no snapshot of its own: the dispatcher's claim reads
+the payment row, frozen since that change, in its place (webhooks/sql.py).
 
 The snapshot is ``to_jsonb`` of the row: every column under its database name, in JSON
 types. Each value goes through its model field's ``to_python`` into an unsaved instance,
@@ -15,6 +17,10 @@ from django.db import models
 from payments.api.fields import format_utc
 from payments.api.serializers import PaymentSerializer, RecurringPaymentSerializer
 from payments.models import RecurringPayment, ScheduledPayment
+
+from .events import TERMINAL_STATUS_TO_TYPE
+
+TYPE_TO_TERMINAL_STATUS = {type_: status for status, type_ in TERMINAL_STATUS_TO_TYPE.items()}
 
 
 class WebhookPaymentSerializer(PaymentSerializer):
@@ -32,8 +38,12 @@ def instance_from_snapshot(model: type[models.Model], snapshot: dict) -> models.
     return instance
 
 
-def render_data(*, payment_id: str | None, snapshot: dict) -> dict:
-    """``data``: the payment, or the recurring payment, of the snapshot."""
+def render_data(*, payment_id: str | None, snapshot: dict | None, type: str = "") -> dict:
+    """``data``: the payment, or the recurring payment, of the snapshot. None: a terminal
+    payment event whose payment has been archived since (a resend months later): its id
+    and the final status its type says, no more."""
+    if snapshot is None:
+        return {"id": payment_id, "status": TYPE_TO_TERMINAL_STATUS[type]}
     if payment_id is not None:
         return WebhookPaymentSerializer(instance_from_snapshot(ScheduledPayment, snapshot)).data
     return RecurringPaymentSerializer(instance_from_snapshot(RecurringPayment, snapshot)).data
@@ -43,12 +53,12 @@ def public_event_id(event_id: int) -> str:
     return f"evt_{event_id}"
 
 
-def render_body(*, event_id: int, type: str, created_at, payment_id: str | None, snapshot: dict) -> str:
+def render_body(*, event_id: int, type: str, created_at, payment_id: str | None, snapshot: dict | None) -> str:
     """The JSON body, exactly the bytes that are signed and sent (compact, UTF-8)."""
     payload = {
         "id": public_event_id(event_id),
         "type": type,
         "created_at": format_utc(created_at),
-        "data": render_data(payment_id=payment_id, snapshot=snapshot),
+        "data": render_data(payment_id=payment_id, snapshot=snapshot, type=type),
     }
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)

@@ -64,7 +64,11 @@ WITH due AS (
  RETURNING d.id, d.attempts, d.lease_until, d.event_id, d.endpoint_id
 )
 SELECT c.id, c.attempts, c.lease_until,
-       ev.id, ev.type, ev.created_at, ev.snapshot, ev.payment_id, ev.recurring_id,
+       ev.id, ev.type, ev.created_at,
+       -- A terminal payment event has no snapshot: its payment row is frozen, read it now
+       -- (NULL if the payment's month was archived since).
+       coalesce(ev.snapshot, (SELECT to_jsonb(p) FROM payments_scheduledpayment p WHERE p.id = ev.payment_id)),
+       ev.payment_id, ev.recurring_id,
        en.id, en.url, en.enabled, en.secret, en.previous_secret,
        en.previous_secret_expires_at IS NOT NULL AND en.previous_secret_expires_at > now()
   FROM claimed c

@@ -112,6 +112,23 @@ def test_the_claim_reads_only_its_partial_indexes_under_stale_statistics():
     assert indexes <= {"payments_due_idx", "payments_retry_idx", "payments_lease_idx", "payments_scheduledpayment_pkey"}
 
 
+@pytest.mark.parametrize("statement", [sql.CLAIM_DUE, sql.CLAIM_DUE_SHARD])
+def test_the_claim_updates_its_rows_by_primary_key_never_reading_the_whole_table(statement):
+    # Joined to its due rows alone, the claim's UPDATE was planned (statistics of a
+    # small table, sorting priced last by CLAIM_SESSION) as a hash of every row of every
+    # partition: 20,000 rows read to update 500, on every claim.
+    loader.load_accounts(accounts=50)
+    loader.load_payments(payments=5000, accounts=50, due_at=timezone.now() - timedelta(seconds=1))
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE payments_scheduledpayment")
+        cur.execute(sql.CLAIM_SESSION)
+    params = {**claim_params(batch=500, lease_seconds=60, actor="t"), "shard_low": 0, "shard_high": 2**31}
+    nodes = plan_nodes(statement, params, analyze=True)
+    read = [(n["Node Type"], n["Actual Rows"]) for n in nodes
+            if n.get("Relation Name") == "payments_scheduledpayment" and n["Node Type"] == "Seq Scan"]
+    assert all(rows <= 500 for _node, rows in read), read
+
+
 PARTIAL_INDEXES = {"payments_due_idx", "payments_retry_idx", "payments_lease_idx", "payments_finished_idx"}
 
 

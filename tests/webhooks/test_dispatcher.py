@@ -58,6 +58,19 @@ def test_fan_out_reaches_the_owners_subscribed_enabled_endpoints_only(receiver):
 
 
 @pytest.mark.django_db
+def test_a_terminal_event_whose_payment_was_archived_carries_its_id_and_final_status(receiver):
+    # A terminal event has no snapshot (the frozen row is read at delivery); when the
+    # payment's month has been archived since (a resend, months later), the row is gone.
+    payment = executed_payment()
+    endpoint = endpoint_for(payment.payer, receiver.url)
+    Event.objects.filter(payment_id=payment.id).update(payment_id="pay_01ARCHIVED00000000000000000")
+    dispatch_once()
+    (request,) = receiver.requests
+    payload = verify(endpoint.secret, request)
+    assert payload["data"] == {"id": "pay_01ARCHIVED00000000000000000", "status": "EXECUTED"}
+
+
+@pytest.mark.django_db
 def test_a_delivery_is_signed_per_standard_webhooks_and_says_what_the_api_says(receiver):
     payment = executed_payment()
     endpoint = endpoint_for(payment.payer, receiver.url)

@@ -8,7 +8,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from payments.execution import execute_batch
-from payments.models import PaymentEvent, RecurringEvent
+from payments.models import PaymentEvent, RecurringEvent, ScheduledPayment
 from payments.series import recurring_create, recurring_end, recurring_pause, recurring_resume
 from payments.services import payment_cancel, payment_update
 from tests.factories import claimed, due_payment, funded_account, future_payment, parked_payment
@@ -31,12 +31,13 @@ def test_an_executor_batch_writes_one_event_per_payment_in_one_statement():
         (event,) = Event.objects.filter(payment_id=payment.id)
         assert event.type == events.PAYMENT_EXECUTED
         assert event.owner_id == a.owner_id
-        assert event.snapshot["status"] == "EXECUTED"  # the row after the change
-        assert event.snapshot["executed_at"] is not None
-        assert event.version == event.snapshot["version"]
+        # Terminal: no snapshot (migration 0003); the dispatcher reads the row, frozen now.
+        assert event.snapshot is None
+        payment.refresh_from_db()
+        assert (payment.status, event.version) == ("EXECUTED", payment.version)
         assert event.fanned_out_at is None
     (failed,) = Event.objects.filter(payment_id=short.id)
-    assert (failed.type, failed.snapshot["failure_reason"]) == (events.PAYMENT_FAILED, "insufficient_funds")
+    assert (failed.type, failed.snapshot) == (events.PAYMENT_FAILED, None)
 
 
 @pytest.mark.django_db
@@ -69,7 +70,7 @@ def test_cancel_and_reschedule():
     assert types_of(payment_id=payment.id) == [events.PAYMENT_RESCHEDULED, events.PAYMENT_CANCELLED]
     rescheduled, cancelled = Event.objects.filter(payment_id=payment.id).order_by("id")
     assert (rescheduled.snapshot["amount"], rescheduled.version) == (7, 2)
-    assert (cancelled.snapshot["status"], cancelled.version) == ("CANCELLED", 3)
+    assert (cancelled.snapshot, cancelled.version) == (None, 3)  # terminal: the frozen row is read at delivery
 
 
 @pytest.mark.django_db
@@ -98,7 +99,8 @@ def test_pause_resume_end_of_a_series():
     paused = Event.objects.filter(recurring_id=rec.id).order_by("id").first()
     assert (paused.snapshot["status"], paused.owner_id) == ("PAUSED", a.owner_id)
     # The occurrences the pause and the end cancelled are payment.cancelled events.
-    cancelled = Event.objects.filter(type=events.PAYMENT_CANCELLED, snapshot__recurring_id=rec.id)
+    occurrences = ScheduledPayment.objects.filter(recurring_id=rec.id).values("id")
+    cancelled = Event.objects.filter(type=events.PAYMENT_CANCELLED, payment_id__in=occurrences)
     assert cancelled.count() == 2
 
 
@@ -109,6 +111,13 @@ def test_the_triggers_map_kinds_as_events_py_says():
     migration = import_module("webhooks.migrations.0002_outbox_triggers")
     pairs = dict(re.findall(r"WHEN '(\w+)' THEN '(payment\.\w+)'", migration.TRIGGERS))
     assert pairs == events.PAYMENT_KIND_TO_TYPE
+    # Migration 0003 replaced the payment trigger's function: the same map, and no
+    # snapshot for exactly the terminal types.
+    replaced = import_module("webhooks.migrations.0003_terminal_events_read_the_frozen_row").PAYMENT_OUTBOX
+    assert dict(re.findall(r"WHEN '(\w+)' THEN '(payment\.\w+)'", replaced)) == events.PAYMENT_KIND_TO_TYPE
+    (no_snapshot,) = re.findall(r"CASE WHEN e\.kind IN \(([^)]*)\) THEN NULL", replaced)
+    assert {events.PAYMENT_KIND_TO_TYPE[k] for k in re.findall(r"'(\w+)'", no_snapshot)} == set(
+        events.TERMINAL_STATUS_TO_TYPE.values())
     assert set(events.PAYMENT_KIND_TO_TYPE) <= set(PaymentEvent.Kind.values)
     payment_kinds, recurring_kinds = re.findall(r"e\.kind IN \(([^)]*)\)", migration.TRIGGERS)
     assert set(re.findall(r"'(\w+)'", payment_kinds)) == set(events.PAYMENT_KIND_TO_TYPE)

@@ -4,7 +4,10 @@ Loads N due payments on scratch tables of the configured database (truncating th
 payments and ledger tables: never point it at a database you care about; it refuses
 one whose name does not start with ``bench_`` or ``micro_``), then claims and runs
 batches of 500 through ``payments.worker.run_batch`` (the start marker, the executor,
-metrics) in this process, and prints payments/s of executing time. Meant for A/B runs
+metrics) in this process, and prints payments/s of executing time and the CPU the
+executor cost per payment, in this process and in its database backend (read from the
+backend's process: the server must be on this machine). The CPU figures are steadier
+than the rate on a shared machine. Meant for A/B runs
 of two checkouts on the same machine: alternate their order and CHECKPOINT between
 runs (the WAL of one run otherwise lands in the next one's time). ``--statements``
 also times every SQL statement of the batches (a Django ``execute_wrapper``) and prints
@@ -21,8 +24,22 @@ from django.db import connection
 from django.utils import timezone
 
 from devtools.bench import loader
+from devtools.bench.rss import psutil_module
+from devtools.bench.scenarios import wal_position
 from payments.promoter import claim_due
 from payments.worker import run_batch
+
+
+def _backend(conn):
+    """This connection's PostgreSQL backend process (the server is on this machine)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        return psutil_module().Process(cur.fetchone()[0])
+
+
+def _cpu(process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
 
 
 class Command(BaseCommand):
@@ -41,8 +58,10 @@ class Command(BaseCommand):
             raise CommandError(f"refusing to truncate {name!r}: use a database named bench_* or micro_*")
         with connection.cursor() as cur:
             cur.execute("ALTER TABLE ledger_transfer DISABLE TRIGGER USER")
+            # The outbox too: each run adds a row per payment, and a log that grows from
+            # run to run makes every later run pay for larger indexes.
             cur.execute("TRUNCATE payments_paymentevent, payments_executionattempt, payments_scheduledpayment,"
-                        " payments_startmarker, ledger_transfer CASCADE")
+                        " payments_startmarker, ledger_transfer, webhooks_event CASCADE")
             cur.execute("ALTER TABLE ledger_transfer ENABLE TRIGGER USER")
             cur.execute("DELETE FROM ledger_account WHERE id LIKE 'acc_bench%%'")
         loader.load_accounts(accounts=opts["accounts"])
@@ -50,8 +69,10 @@ class Command(BaseCommand):
                              due_at=timezone.now() - timedelta(seconds=1))
         with connection.cursor() as cur:
             cur.execute("VACUUM ANALYZE payments_scheduledpayment")
+            cur.execute("VACUUM ANALYZE ledger_account")  # the previous run's accounts, deleted above
             cur.execute("CHECKPOINT")
-        done, executing = 0, 0.0
+        done, executing, claiming, cpu, db_cpu, wal = 0, 0.0, 0.0, 0.0, 0.0, 0
+        backend = _backend(connection)
         seconds, calls = Counter(), Counter()
 
         def timed(execute, sql, params, many, context):
@@ -63,14 +84,27 @@ class Command(BaseCommand):
                 seconds[key] += time.perf_counter() - started
                 calls[key] += 1
 
-        while claim := claim_due(batch=opts["batch"], lease_seconds=600).fresh:
-            hook = connection.execute_wrapper(timed) if opts["statements"] else contextlib.nullcontext()
+        while True:
             started = time.perf_counter()
+            claim = claim_due(batch=opts["batch"], lease_seconds=600).fresh
+            claiming += time.perf_counter() - started
+            if not claim:
+                break
+            hook = connection.execute_wrapper(timed) if opts["statements"] else contextlib.nullcontext()
+            started_wal = wal_position()
+            started, started_cpu, started_db = time.perf_counter(), time.process_time(), _cpu(backend)
             with hook:
                 run_batch(claim, worker="bench_executor")
             executing += time.perf_counter() - started
+            cpu += time.process_time() - started_cpu
+            db_cpu += _cpu(backend) - started_db
+            wal += wal_position() - started_wal
             done += len(claim)
-        self.stdout.write(f"executor: {done} payments in {executing:.2f} s of executing = {done / executing:,.0f}/s")
+        self.stdout.write(f"executor: {done} payments in {executing:.2f} s of executing = {done / executing:,.0f}/s"
+                          f" (claiming them: {claiming:.2f} s)")
+        self.stdout.write(f"CPU in the executor: this process {cpu / done * 1e6:.0f} us a payment,"
+                          f" its database backend {db_cpu / done * 1e6:.0f} us a payment;"
+                          f" WAL {wal / done:,.0f} bytes a payment")
         if opts["statements"]:
             self.stdout.write(f"in statements {sum(seconds.values()):.2f} s (the rest: commits and Python)")
             for key, total in seconds.most_common():
