@@ -26,7 +26,6 @@ from datetime import datetime
 import psycopg
 from django.db import connection, transaction
 from django.db.backends.utils import CursorWrapper
-from psycopg._encodings import conn_encoding
 from psycopg.types.array import ListDumper
 
 
@@ -56,7 +55,8 @@ class FastListDumper(ListDumper):
 
     def __init__(self, cls, context=None):
         super().__init__(cls, context)
-        self._utf8 = conn_encoding(self.connection) == "utf-8"
+        # The strings are encoded here: only for a connection known to speak UTF-8.
+        self._utf8 = self.connection is not None and self.connection.info.encoding == "utf-8"
 
     def dump(self, obj: list) -> bytes | None:
         if not obj or self.delimiter != b"," or not self._utf8:
