@@ -10,6 +10,7 @@
 * ``naive``     the naive Celery approach (one ETA task per payment), driver side
 * ``naive_tasks`` its task; imported only by the benchmark's naive worker
 * ``chart``     the PNG (matplotlib, imported lazily)
+* ``compare``   runs of two checkouts side by side: a table and a chart (no database)
 * ``profile``   py-spy around the workers, and a summary of where the time goes
 * ``scenarios`` the scenarios themselves: burst, hot-sender, steady, backlog, memory
 

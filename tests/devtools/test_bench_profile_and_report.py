@@ -1,3 +1,5 @@
+import json
+
 from devtools.bench.profile import parse_collapsed, summarize
 from devtools.bench.report import target_results
 
@@ -44,3 +46,23 @@ def test_the_webhooks_target_is_judged_only_when_the_burst_ran_with_webhooks():
         runs = {"burst": {"ratio_vs_pgbench": 1.2, "webhooks": {"ratio_with_vs_without": ratio}}}
         verdicts = {(t["scenario"], t["what"]): (t["value"], t["met"]) for t in target_results(runs)}
         assert verdicts[("burst", "payments/s with webhooks vs without (--webhooks)")] == (ratio, met)
+
+
+def test_compare_prints_each_run_and_the_means_per_payment(tmp_path):
+    from devtools.bench.compare import figures, main
+
+    def run(rate, tps, postgres_s, wal):
+        return {"payments": 1000, "executed": 980, "failed": 20, "payments_per_s": rate, "pgbench_tps": tps,
+                "ratio_vs_pgbench": round(rate / tps, 2), "cpu_seconds": {"postgres": postgres_s, "worker": 0.1},
+                "wal_bytes": wal, "execution_lateness_s": {"p99": 3.5}}
+
+    before, after = run(1000, 1000, 0.3, 5_000_000), run(1500, 1000, 0.2, 4_000_000)
+    assert figures(after) == {"payments_per_s": 1500, "pgbench_tps": 1000, "ratio": 1.5, "postgres_us": 200.0,
+                              "worker_us": 100.0, "wal_bytes": 4000.0, "lateness_p99_s": 3.5}
+    paths = []
+    for name, data in (("b.json", before), ("a.json", after)):
+        (tmp_path / name).write_text(json.dumps(data))
+        paths.append(str(tmp_path / name))
+    chart = tmp_path / "ab.png"
+    main(["--before", paths[0], "--after", paths[1], "--chart", str(chart), "--target", "1.5"])
+    assert chart.stat().st_size > 0
