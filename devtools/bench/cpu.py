@@ -19,7 +19,8 @@ from .rss import process_type, psutil_module, tree
 BACKGROUND = ("walwriter", "checkpointer", "background writer", "autovacuum", "walsender", "logical replication")
 
 
-def _cpu(proc) -> float:
+def cpu_seconds(proc) -> float:
+    """User + system CPU seconds of one psutil process."""
     times = proc.cpu_times()
     return times.user + times.system
 
@@ -60,12 +61,12 @@ class CpuMeter:
         for name, pid in self.pids().items():
             for proc in tree(pid):
                 try:
-                    out[proc.pid] = (process_type(name), _cpu(proc))
+                    out[proc.pid] = (process_type(name), cpu_seconds(proc))
                 except psutil.NoSuchProcess:
                     continue
         for pid, kind in postgres_processes(self.database).items():
             try:
-                out[pid] = (kind, _cpu(psutil.Process(pid)))
+                out[pid] = (kind, cpu_seconds(psutil.Process(pid)))
             except psutil.NoSuchProcess:
                 continue
         return out

@@ -24,6 +24,7 @@ from django.db import connection
 from django.utils import timezone
 
 from devtools.bench import loader
+from devtools.bench.cpu import cpu_seconds
 from devtools.bench.rss import psutil_module
 from devtools.bench.scenarios import wal_position
 from payments.promoter import claim_due
@@ -35,11 +36,6 @@ def _backend(conn):
     with conn.cursor() as cur:
         cur.execute("SELECT pg_backend_pid()")
         return psutil_module().Process(cur.fetchone()[0])
-
-
-def _cpu(process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 class Command(BaseCommand):
@@ -92,12 +88,12 @@ class Command(BaseCommand):
                 break
             hook = connection.execute_wrapper(timed) if opts["statements"] else contextlib.nullcontext()
             started_wal = wal_position()
-            started, started_cpu, started_db = time.perf_counter(), time.process_time(), _cpu(backend)
+            started, started_cpu, started_db = time.perf_counter(), time.process_time(), cpu_seconds(backend)
             with hook:
                 run_batch(claim, worker="bench_executor")
             executing += time.perf_counter() - started
             cpu += time.process_time() - started_cpu
-            db_cpu += _cpu(backend) - started_db
+            db_cpu += cpu_seconds(backend) - started_db
             wal += wal_position() - started_wal
             done += len(claim)
         self.stdout.write(f"executor: {done} payments in {executing:.2f} s of executing = {done / executing:,.0f}/s"
