@@ -1,8 +1,12 @@
 """Helpers for races and for waiting on real processes (threads at a barrier, polls with a deadline)."""
 
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from django.db import connections
@@ -119,4 +123,25 @@ def wait_until(predicate, *, timeout: float, stack=None, what: str = "condition"
             return
         time.sleep(0.2)
     logs = "".join(f"\n--- {name}.log ---\n{stack.log(name)[-4000:]}" for name in stack.procs) if stack else ""
-    pytest.fail(f"timed out after {timeout}s waiting for {what}{logs}")
+    pytest.fail(f"timed out after {timeout}s waiting for {what}{logs}{python_stacks(stack) if stack else ''}")
+
+
+def python_stacks(stack) -> str:
+    """Every thread's Python stack in each of the stack's live processes (``py-spy dump``),
+    so that a wait that timed out says where each process was, not only what it logged."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(py_spy).exists():
+        return "\n(py-spy is not installed: no stacks)"
+    dumps = []
+    for name, proc in stack.procs.items():
+        if proc.poll() is not None:
+            continue
+        try:
+            # The dev tool from requirements-dev.txt, on a child of this test (bandit B603).
+            out = subprocess.run(  # nosec B603
+                [py_spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=30
+            )
+            dumps.append(f"\n--- {name} stacks ---\n{out.stdout}{out.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            dumps.append(f"\n--- {name} stacks ---\n(py-spy failed: {exc!r})")
+    return "".join(dumps)
