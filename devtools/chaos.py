@@ -866,6 +866,20 @@ def webhook_backlog() -> int:
         return cur.fetchone()[0]
 
 
+# Claims made in a window (a short Redis outage, 2 s after it began: a tick already
+# running when Redis died may finish its claim). A claim leaves the row's claimed_at
+# until a later claim supersedes it; the superseding "reclaimed" event keeps its time
+# (previous_claimed_at). A first claim writes no event (decision record 0010).
+CLAIMS_BETWEEN_SQL = """
+SELECT (SELECT count(*) FROM payments_scheduledpayment
+         WHERE claimed_at > %(after)s + interval '2 seconds' AND claimed_at < %(before)s)
+     + (SELECT count(*) FROM payments_paymentevent
+         WHERE kind = 'reclaimed'
+           AND (data ->> 'previous_claimed_at')::timestamptz > %(after)s + interval '2 seconds'
+           AND (data ->> 'previous_claimed_at')::timestamptz < %(before)s)
+"""
+
+
 # Per terminal payment: its events of its terminal type, and whether one of them has a
 # successful delivery.
 TERMINAL_EVENTS_SQL = """
@@ -1112,8 +1126,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
             # Short outages only: in a long one the promoter claims by design (degraded mode).
             if down_at is not None and up_at is not None and i not in figures.long_outages:
                 # A tick already running when Redis died may finish its claim: allow 2 s.
-                cur.execute("SELECT count(*) FROM payments_paymentevent WHERE kind IN ('claimed', 'reclaimed')"
-                            " AND created_at > %s + interval '2 seconds' AND created_at < %s", [down_at, up_at])
+                cur.execute(CLAIMS_BETWEEN_SQL, {"after": down_at, "before": up_at})
                 claims_while_redis_down += cur.fetchone()[0]
     outage = long_outage_figures(figures)
     hooks = webhook_figures(received, figures) if received is not None else None

@@ -706,6 +706,30 @@ def _attempt_entry(attempt: ExecutionAttempt) -> TimelineEntry:
 CLAIM_KINDS = (PaymentEvent.Kind.CLAIMED, PaymentEvent.Kind.RECLAIMED)
 
 
+def first_claim_at(payment, events: list[PaymentEvent]) -> datetime | None:
+    """When the payment's first attempt was claimed, where no event says it: a first claim
+    writes none (decision record 0010). The row's claimed_at while attempt 1 is its latest
+    claim; afterwards the second attempt's "reclaimed" event keeps it. None when it was
+    never claimed, or when a "claimed" event of its own says when (a payment claimed
+    before that change)."""
+    if payment.attempt < 1 or any(e.kind == PaymentEvent.Kind.CLAIMED for e in events):
+        return None
+    if payment.attempt == 1:
+        return payment.claimed_at
+    second = next((e for e in events if e.kind == PaymentEvent.Kind.RECLAIMED and e.attempt == 2), None)
+    previous = (second.data or {}).get("previous_claimed_at") if second else None
+    return parse_datetime(previous) if isinstance(previous, str) else None
+
+
+def _first_claim_entries(at: datetime, attempts: dict[int, ExecutionAttempt]) -> list[TimelineEntry]:
+    """The first claim (from first_claim_at) and, right after it, the attempt it started."""
+    entries = [TimelineEntry(at, "claimed SCHEDULED → EXECUTING", "promoter",
+                             "attempt 1; a first claim writes no event: the time is the payment's claimed_at")]
+    if 1 in attempts:
+        entries.append(_attempt_entry(attempts.pop(1)))
+    return entries
+
+
 def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
     """The payment's events (in the order they were written) with each attempt right after
     the claim that started it, and what the user may not see of it (events and attempts
@@ -727,7 +751,11 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
     else:
         hidden.append("attempts")
     entries = []
+    first_claim = first_claim_at(payment, events) if "events" not in hidden else None
     for event in events:
+        if first_claim is not None and event.created_at >= first_claim and event.kind != PaymentEvent.Kind.CREATED:
+            entries += _first_claim_entries(first_claim, attempts)
+            first_claim = None
         what = [event.kind]
         if event.from_status != event.to_status:
             what += [event.from_status, "→", event.to_status] if event.from_status else ["→", event.to_status]
@@ -735,6 +763,8 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
         entries.append(TimelineEntry(event.created_at, " ".join(what), actor, _event_detail(event)))
         if event.kind in CLAIM_KINDS and event.attempt in attempts:
             entries.append(_attempt_entry(attempts.pop(event.attempt)))
+    if first_claim is not None:
+        entries += _first_claim_entries(first_claim, attempts)
     for attempt in attempts.values():  # their claim is not among the events shown
         later = next((i for i, entry in enumerate(entries) if entry.at > attempt.started_at), len(entries))
         entries.insert(later, _attempt_entry(attempt))

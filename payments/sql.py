@@ -17,7 +17,9 @@ the statement expects and why it is shaped as it is.
 
 # The claim's writes, shared by every claim statement (CLAIM_DUE, CLAIM_PAYOUTS_DUE,
 # CLAIM_DUE_FAIR): the rows of ``due`` become EXECUTING (attempt + 1: the fence; the
-# lease) and each gets its "claimed"/"reclaimed" event in the same statement. A row whose
+# lease); a claim of a later attempt gets its "reclaimed" event in the same statement (a
+# first claim none: decision record 0010). ``due`` names each row's id, status, due_at
+# and previous_claimed_at (the claimed_at it had: the superseded claim's). A row whose
 # lease expired after a worker started it (its start marker, MARK_STARTED) has that try
 # counted here (_STARTED: ``tries``, and ``tried_attempt`` for the "started" column).
 # The UPDATE finds its rows by primary key, always: joined to ``due`` alone, the planner
@@ -38,14 +40,20 @@ _CLAIM_WRITE = """), claimed AS (
       FROM due
      WHERE p.id = ANY(ARRAY(SELECT id FROM due)) AND p.id = due.id
  RETURNING p.id, p.attempt, due.status AS previous_status, due.due_at, p.execute_at, p.tried_attempt,
-           p.from_account_id
+           p.from_account_id, due.previous_claimed_at
 ), audit AS (
+    -- A first claim writes no event (decision record 0010): the row's claimed_at says
+    -- when, its attempt (1) says it was claimed, and the outcome event follows. A claim
+    -- of a later attempt writes "reclaimed" with the time of the claim it supersedes,
+    -- which the row is about to forget (claimed_at is the latest claim's).
     INSERT INTO payments_paymentevent
            (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
-    SELECT id,
-           CASE WHEN attempt = 1 THEN 'claimed' ELSE 'reclaimed' END,
-           previous_status, 'EXECUTING', attempt, %(actor)s, '{}'::jsonb, now()
+    SELECT id, 'reclaimed', previous_status, 'EXECUTING', attempt, %(actor)s,
+           CASE WHEN previous_claimed_at IS NULL THEN '{}'::jsonb
+                ELSE jsonb_build_object('previous_claimed_at', previous_claimed_at) END,
+           now()
       FROM claimed
+     WHERE attempt > 1
 """
 
 
@@ -69,7 +77,7 @@ _CLAIM_WRITE_SQL = _CLAIM_WRITE.replace(":started", _STARTED)
 # partial index in order and stops after LIMIT rows.
 _CLAIM_TEMPLATE = """
 WITH fresh AS (
-    SELECT id, status, execute_at AS due_at FROM payments_scheduledpayment
+    SELECT id, status, execute_at AS due_at, claimed_at FROM payments_scheduledpayment
      WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now()
        AND :fresh_rail AND :shard
      ORDER BY execute_at, id
@@ -77,14 +85,14 @@ WITH fresh AS (
        FOR NO KEY UPDATE SKIP LOCKED
 ), retry AS (
     -- Retries whose wait on the ladder is over (payments_retry_idx, few rows).
-    SELECT id, status, next_attempt_at AS due_at FROM payments_scheduledpayment
+    SELECT id, status, next_attempt_at AS due_at, claimed_at FROM payments_scheduledpayment
      WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL AND next_attempt_at <= now()
        AND :rail AND :shard
      ORDER BY next_attempt_at, id
      LIMIT %(batch)s
        FOR NO KEY UPDATE SKIP LOCKED
 ), expired AS (
-    SELECT id, status, lease_until AS due_at FROM payments_scheduledpayment
+    SELECT id, status, lease_until AS due_at, claimed_at FROM payments_scheduledpayment
      WHERE status = 'EXECUTING' AND lease_until < now() AND :rail AND :shard
      ORDER BY lease_until
      LIMIT %(reclaim_batch)s
@@ -93,10 +101,10 @@ WITH fresh AS (
     -- Expired leases first (they are the oldest work), then retries, then fresh rows;
     -- the whole claim stays within the caller's room under the in-flight cap. Rows
     -- locked above the limit are released at commit, untouched.
-    SELECT id, status, due_at FROM (
-        SELECT id, status, due_at, 0 AS rank FROM expired
-        UNION ALL SELECT id, status, due_at, 1 FROM retry
-        UNION ALL SELECT id, status, due_at, 2 FROM fresh
+    SELECT id, status, due_at, claimed_at AS previous_claimed_at FROM (
+        SELECT id, status, due_at, claimed_at, 0 AS rank FROM expired
+        UNION ALL SELECT id, status, due_at, claimed_at, 1 FROM retry
+        UNION ALL SELECT id, status, due_at, claimed_at, 2 FROM fresh
     ) candidates
     ORDER BY rank
     LIMIT %(batch)s
@@ -205,10 +213,10 @@ WITH walk AS MATERIALIZED (
     LIMIT %(max_hot)s
 ), fresh AS MATERIALIZED (
     -- The walk CTE is read in the order it was written (its ORDER BY): no re-sort.
-    SELECT p.id, p.status, p.due_at, p.execute_at, p.from_account_id
+    SELECT p.id, p.status, p.due_at, p.execute_at, p.from_account_id, p.claimed_at
       FROM walk w
      CROSS JOIN LATERAL (
-        SELECT q.id, q.status, q.execute_at AS due_at, q.execute_at, q.from_account_id
+        SELECT q.id, q.status, q.execute_at AS due_at, q.execute_at, q.from_account_id, q.claimed_at
           FROM payments_scheduledpayment q
          WHERE q.id = w.id AND q.status = 'SCHEDULED' AND q.next_attempt_at IS NULL AND q.execute_at <= now()
            FOR NO KEY UPDATE SKIP LOCKED
@@ -216,10 +224,10 @@ WITH walk AS MATERIALIZED (
      WHERE w.from_account_id NOT IN (SELECT sender FROM senders)
      LIMIT %(batch)s - %(cap)s * (SELECT count(*) FROM senders)
 ), hot AS MATERIALIZED (
-    SELECT x.id, x.status, x.due_at, x.execute_at, x.from_account_id
+    SELECT x.id, x.status, x.due_at, x.execute_at, x.from_account_id, x.claimed_at
       FROM senders h
      CROSS JOIN LATERAL (
-        SELECT q.id, q.status, q.execute_at AS due_at, q.execute_at, q.from_account_id
+        SELECT q.id, q.status, q.execute_at AS due_at, q.execute_at, q.from_account_id, q.claimed_at
           FROM payments_scheduledpayment q
          WHERE q.from_account_id = h.sender AND q.status = 'SCHEDULED' AND q.next_attempt_at IS NULL
            AND q.execute_at <= now() AND q.rail = '' AND :shard
@@ -229,23 +237,23 @@ WITH walk AS MATERIALIZED (
            FOR NO KEY UPDATE SKIP LOCKED
      ) x
 ), retry AS (
-    SELECT id, status, next_attempt_at AS due_at FROM payments_scheduledpayment
+    SELECT id, status, next_attempt_at AS due_at, claimed_at FROM payments_scheduledpayment
      WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL AND next_attempt_at <= now() AND rail = '' AND :shard
      ORDER BY next_attempt_at, id
      LIMIT %(batch)s
        FOR NO KEY UPDATE SKIP LOCKED
 ), expired AS (
-    SELECT id, status, lease_until AS due_at FROM payments_scheduledpayment
+    SELECT id, status, lease_until AS due_at, claimed_at FROM payments_scheduledpayment
      WHERE status = 'EXECUTING' AND lease_until < now() AND rail = '' AND :shard
      ORDER BY lease_until
      LIMIT %(reclaim_batch)s
        FOR NO KEY UPDATE SKIP LOCKED
 ), due AS (
-    SELECT id, status, due_at FROM (
-        SELECT id, status, due_at, 0 AS rank FROM expired
-        UNION ALL SELECT id, status, due_at, 1 FROM retry
-        UNION ALL SELECT id, status, due_at, 2 FROM fresh
-        UNION ALL SELECT id, status, due_at, 2 FROM hot
+    SELECT id, status, due_at, claimed_at AS previous_claimed_at FROM (
+        SELECT id, status, due_at, claimed_at, 0 AS rank FROM expired
+        UNION ALL SELECT id, status, due_at, claimed_at, 1 FROM retry
+        UNION ALL SELECT id, status, due_at, claimed_at, 2 FROM fresh
+        UNION ALL SELECT id, status, due_at, claimed_at, 2 FROM hot
     ) candidates
     ORDER BY rank
     LIMIT %(batch)s
@@ -731,8 +739,10 @@ SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v
 
 
 # What the writers guarantee, per payment:
-# * one "created" event; one claim event (claimed, then reclaimed) per attempt, the
-#   last one at the payment's attempt (claim and event are one statement);
+# * one "created" event; one "reclaimed" event per attempt after the first, the last one
+#   at the payment's attempt (claim and event are one statement); the first claim writes
+#   none (decision record 0010), but a payment claimed before that change has its
+#   "claimed" event, at attempt 1, and at most one;
 # * EXECUTED/FAILED: exactly one executed/failed event, at the final attempt, and an
 #   attempt row at the final attempt that says how it ended ("error" when the error
 #   path ended it); CANCELLED: one cancelled event, never claimed; SCHEDULED: nothing
@@ -743,8 +753,9 @@ WITH ev AS (
     SELECT payment_id,
            count(*) FILTER (WHERE kind = 'created') AS created,
            count(*) FILTER (WHERE kind = 'claimed') AS first_claims,
-           count(*) FILTER (WHERE kind IN ('claimed', 'reclaimed')) AS claims,
-           max(attempt) FILTER (WHERE kind IN ('claimed', 'reclaimed')) AS last_claim,
+           max(attempt) FILTER (WHERE kind = 'claimed') AS first_claim_attempt,
+           count(*) FILTER (WHERE kind = 'reclaimed') AS reclaims,
+           max(attempt) FILTER (WHERE kind = 'reclaimed') AS last_reclaim,
            count(*) FILTER (WHERE kind = 'executed') AS executed,
            count(*) FILTER (WHERE kind = 'failed') AS failed,
            count(*) FILTER (WHERE kind = 'cancelled') AS cancelled,
@@ -773,9 +784,12 @@ WITH ev AS (
     SELECT p.id, p.status, p.attempt,
            concat_ws('; ',
                CASE WHEN coalesce(ev.created, 0) <> 1 THEN coalesce(ev.created, 0) || ' created events' END,
-               CASE WHEN coalesce(ev.claims, 0) <> p.attempt OR coalesce(ev.last_claim, 0) <> p.attempt
-                         OR coalesce(ev.first_claims, 0) <> least(p.attempt, 1)
-                    THEN coalesce(ev.claims, 0) || ' claim events for attempt ' || p.attempt END,
+               CASE WHEN coalesce(ev.reclaims, 0) <> greatest(p.attempt - 1, 0)
+                         OR (p.attempt > 1 AND ev.last_reclaim IS DISTINCT FROM p.attempt)
+                         OR coalesce(ev.first_claims, 0) > least(p.attempt, 1)
+                         OR ev.first_claim_attempt <> 1
+                    THEN coalesce(ev.first_claims, 0) || ' claimed and ' || coalesce(ev.reclaims, 0)
+                         || ' reclaimed events for attempt ' || p.attempt END,
                CASE WHEN p.status = 'EXECUTED' AND (coalesce(ev.executed, 0) <> 1 OR coalesce(ev.failed, 0) <> 0)
                     THEN 'executed with ' || coalesce(ev.executed, 0) || ' executed and '
                          || coalesce(ev.failed, 0) || ' failed events' END,

@@ -193,8 +193,8 @@ def load_payments(
 
 
 # Finished history (bench burst --history): EXECUTED payments made over the past months,
-# each with what the engine leaves in the schedule: three events (created, claimed,
-# executed), one attempt and its transfer. Payments come in pairs
+# each with what the engine leaves in the schedule: two events (created and executed:
+# a first claim writes none), one attempt and its transfer. Payments come in pairs
 # that pay the same amount back, so no balance changes. ``prefixes`` holds each past
 # month's id prefix (payments/partitions.py): row g lands in month g % months.
 HISTORY_SQL = """
@@ -223,7 +223,7 @@ WITH src AS (
     INSERT INTO payments_paymentevent
            (payment_id, kind, from_status, to_status, attempt, actor, actor_user_id, data, created_at)
     SELECT id, k.kind, k.from_status, k.to_status, k.attempt, %(actor)s, NULL, '{}'::jsonb, executed_at
-      FROM ins CROSS JOIN (VALUES ('created', '', 'SCHEDULED', 0), ('claimed', 'SCHEDULED', 'EXECUTING', 1),
+      FROM ins CROSS JOIN (VALUES ('created', '', 'SCHEDULED', 0),
                                   ('executed', 'EXECUTING', 'EXECUTED', 1)) AS k(kind, from_status, to_status, attempt)
 ), attempts AS (
     INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)

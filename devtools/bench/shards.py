@@ -33,10 +33,12 @@ from .scratch import fresh_database, scratch_name
 from .stats import per_second, summarize
 
 # Every payment of the burst: its due instant, when it was claimed, its attempt, and its
-# claimed events (exactly one each when nothing was claimed twice).
+# claim events (a first claim writes none: no "reclaimed" event and attempt 1 when
+# nothing was claimed twice).
 CLAIMED_SQL = """
 SELECT extract(epoch FROM p.execute_at)::float8, extract(epoch FROM p.claimed_at)::float8, p.attempt, p.status,
-       (SELECT count(*) FROM payments_paymentevent e WHERE e.payment_id = p.id AND e.kind = 'claimed')
+       (SELECT count(*) FROM payments_paymentevent e
+         WHERE e.payment_id = p.id AND e.kind IN ('claimed', 'reclaimed'))
   FROM payments_scheduledpayment p
 """
 LEFT_SQL = "SELECT count(*) FROM payments_scheduledpayment WHERE status = 'SCHEDULED' AND execute_at <= %s"
@@ -122,7 +124,7 @@ def drain(opts: ShardOptions, *, promoters: int, redis_url: str, log_dir: Path, 
         out["dispatch_lateness_s"] = summarize([c - d for d, c, *_ in rows if c is not None])
         out["series"] = {"claimed_per_s": per_second(claimed, start=due, end=last)}
         out["by_process"] = ticks_by_process(stack, names)
-        once = all(attempt == 1 and status == "EXECUTING" and events == 1 for _, _, attempt, status, events in rows)
+        once = all(attempt == 1 and status == "EXECUTING" and events == 0 for _, _, attempt, status, events in rows)
         out["correct"] = observed is not None and len(claimed) == opts.payments and once
     say(f"  {promoters} promoter(s): {out.get('claims_per_s')} claims/s; dispatch lateness p99 "
         f"{out['dispatch_lateness_s'].get('p99')} s; correct={out['correct']}")

@@ -130,6 +130,37 @@ def test_the_timeline_lists_attempts_and_events_oldest_first(superuser, people):
     assert html.index('id="dp-timeline"') < html.index(">Schedule<")  # under the first section
 
 
+def test_the_timeline_shows_a_first_claim_that_wrote_no_event_and_the_claim_that_superseded_it(superuser, people):
+    """A first claim writes no event (decision record 0010): the timeline takes its time
+    from the row while it is the latest claim, then from the reclaim's previous_claimed_at."""
+    from payments.execution import execute_batch
+    from payments.models import PaymentEvent
+    from payments.promoter import claim_due
+    from tests.factories import expire_lease
+
+    payment = due_payment(source=people["alice_main"], target=people["bob"], amount=10, seconds_ago=60)
+    claim_due(batch=100, lease_seconds=60)
+    first = ScheduledPayment.objects.get(pk=payment.pk).claimed_at
+    assert payments_admin.first_claim_at(ScheduledPayment.objects.get(pk=payment.pk), []) == first
+    expire_lease(payment)
+    claim_due(batch=100, lease_seconds=60)
+    assert execute_batch(pairs=[(payment.pk, 1)], worker="w1").stale  # the superseded attempt, late
+    execute_batch(pairs=[(payment.pk, 2)], worker="w2")
+    response = admin_client_for(superuser).get(change_url(payment))
+    timeline = response.context["timeline"]
+    whats = [str(entry.what) for entry in timeline]
+    assert whats[:2] == ["created → SCHEDULED", "claimed SCHEDULED → EXECUTING"]
+    assert timeline[1].at == first and "no event" in timeline[1].detail
+    assert whats[2].startswith("attempt 1:") and ">stale<" in whats[2]
+    assert whats[3] == "reclaimed" and timeline[3].detail.startswith("attempt 2; previous_claimed_at: ")
+    assert whats[4].startswith("attempt 2:") and ">executed<" in whats[4]
+    assert whats[5] == "executed EXECUTING → EXECUTED"
+    # A payment claimed before the change has its own "claimed" event: nothing is made up.
+    events = list(PaymentEvent.objects.filter(payment_id=payment.pk))
+    legacy = PaymentEvent(kind=PaymentEvent.Kind.CLAIMED, attempt=1)
+    assert payments_admin.first_claim_at(ScheduledPayment.objects.get(pk=payment.pk), [*events, legacy]) is None
+
+
 def test_the_timeline_leaves_out_what_the_user_may_not_see(people, payments):
     from django.contrib.auth.models import Permission
 

@@ -27,9 +27,9 @@ def test_execute_moves_money_and_records_attempt_and_event():
     assert payment.executed_at == transfer.created_at
     attempt = ExecutionAttempt.objects.get(payment=payment)
     assert (attempt.attempt, attempt.outcome, attempt.worker) == (1, "executed", "w1")
+    # Two events: a first claim writes none (decision record 0010).
     assert list(PaymentEvent.objects.filter(payment=payment).values_list("kind", flat=True)) == [
         "created",
-        "claimed",
         "executed",
     ]
 

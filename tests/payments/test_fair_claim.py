@@ -145,7 +145,8 @@ def test_a_hot_sender_still_drains_fully_each_claim_fenced_and_audited():
     assert not ScheduledPayment.objects.filter(status=PaymentStatus.SCHEDULED).exists()
     rows = ScheduledPayment.objects.filter(from_account=hot_sender)
     assert rows.filter(status=PaymentStatus.EXECUTING, attempt=1, lease_until__isnull=False).count() == 1000
-    assert PaymentEvent.objects.filter(kind="claimed", attempt=1).count() == 1030
+    assert ScheduledPayment.objects.filter(attempt=1, claimed_at__isnull=False).count() == 1030
+    assert not PaymentEvent.objects.filter(kind__in=["claimed", "reclaimed"]).exists()  # none claimed twice
 
 
 @pytest.mark.django_db
@@ -233,9 +234,11 @@ def test_four_fair_promoters_at_once_claim_each_payment_once():
     assert len(taken) == len({pid for pid, _ in taken}) == total
     assert sum(1 for claims in results if any(claims)) > 1, "the promoters did not share the work"
     assert not ScheduledPayment.objects.filter(status=PaymentStatus.SCHEDULED).exists()
+    # Nothing claimed twice: a second claim would have raised the attempt and written "reclaimed".
+    assert ScheduledPayment.objects.filter(attempt=1).count() == total
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*), count(DISTINCT payment_id) FROM payments_paymentevent WHERE kind = 'claimed'")
-        assert cur.fetchone() == (total, total)
+        cur.execute("SELECT count(*) FROM payments_paymentevent WHERE kind IN ('claimed', 'reclaimed')")
+        assert cur.fetchone() == (0,)
 
 
 def settings_value(value: str | None) -> subprocess.CompletedProcess:

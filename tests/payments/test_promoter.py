@@ -4,6 +4,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from ledger.models import Transfer
 from payments import execution
@@ -38,7 +39,23 @@ def test_claim_takes_due_rows_oldest_first_and_leaves_future_ones():
     older.refresh_from_db()
     assert older.status == PaymentStatus.EXECUTING
     assert older.lease_until > older.claimed_at
-    assert PaymentEvent.objects.filter(payment=older, kind="claimed", attempt=1).exists()
+    # A first claim writes no event (decision record 0010): the row says it all.
+    assert list(PaymentEvent.objects.filter(payment=older).values_list("kind", flat=True)) == ["created"]
+
+
+@pytest.mark.django_db
+def test_a_reclaim_writes_its_event_with_the_time_of_the_claim_it_supersedes():
+    a, b = funded_account(), funded_account()
+    payment = due_payment(source=a, target=b, amount=1)
+    claim_due(batch=10, lease_seconds=60)
+    first_claimed_at = ScheduledPayment.objects.get(pk=payment.pk).claimed_at
+    expire_lease(payment)
+    assert claim_due(batch=10, lease_seconds=60).reclaimed == [(payment.id, 2)]
+    payment.refresh_from_db()  # the row keeps only the latest claim's time
+    event = PaymentEvent.objects.get(payment=payment, kind="reclaimed")
+    assert (event.attempt, event.from_status, event.to_status) == (2, "EXECUTING", "EXECUTING")
+    assert parse_datetime(event.data["previous_claimed_at"]) == first_claimed_at
+    assert event.created_at == payment.claimed_at
 
 
 @pytest.mark.django_db

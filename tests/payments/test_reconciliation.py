@@ -167,6 +167,30 @@ def test_history_that_contradicts_the_status_is_reported(history):
     assert report["attempt_history"] == [f"{history['in_flight'].id} EXECUTING: EXECUTING but attempt 1 is executed"]
 
 
+def test_claim_events_follow_the_attempts_a_payment_claimed_before_0010_included(history):
+    """A first claim writes no event and each later one writes "reclaimed" (decision record
+    0010); a payment claimed before that change keeps its one "claimed" event at attempt 1."""
+    ok, reclaimed, in_flight = history["ok"], history["reclaimed"], history["in_flight"]
+    assert list(PaymentEvent.objects.filter(payment=reclaimed, kind__in=["claimed", "reclaimed"])
+                .values_list("kind", "attempt")) == [("reclaimed", 2)]
+    PaymentEvent.objects.create(payment=ok, kind="claimed", from_status="SCHEDULED", to_status="EXECUTING",
+                                attempt=1, actor="before-0010")
+    assert reconcile().ok, violated(reconcile())
+    PaymentEvent.objects.create(payment=ok, kind="claimed", from_status="SCHEDULED", to_status="EXECUTING",
+                                attempt=1, actor="forged")
+    with connection.cursor() as cur:  # events are append-only: the trigger has to go first
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cur.execute("ALTER TABLE payments_paymentevent DISABLE TRIGGER USER")
+        cur.execute("DELETE FROM payments_paymentevent WHERE payment_id = %s AND kind = 'reclaimed'", [reclaimed.id])
+    PaymentEvent.objects.create(payment=in_flight, kind="reclaimed", from_status="EXECUTING", to_status="EXECUTING",
+                                attempt=1, actor="forged")
+    assert sorted(violated(reconcile())["event_history"]) == sorted([
+        f"{ok.id} EXECUTED: 2 claimed and 0 reclaimed events for attempt 1",
+        f"{reclaimed.id} EXECUTED: 0 claimed and 0 reclaimed events for attempt 2",
+        f"{in_flight.id} EXECUTING: 0 claimed and 1 reclaimed events for attempt 1",
+    ])
+
+
 def test_two_attempts_that_both_moved_money_are_reported(history):
     reclaimed = history["reclaimed"]
     with connection.cursor() as cur:

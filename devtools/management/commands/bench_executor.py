@@ -68,6 +68,7 @@ class Command(BaseCommand):
             cur.execute("VACUUM ANALYZE ledger_account")  # the previous run's accounts, deleted above
             cur.execute("CHECKPOINT")
         done, executing, claiming, cpu, db_cpu, wal = 0, 0.0, 0.0, 0.0, 0.0, 0
+        claim_db_cpu, claim_wal = 0.0, 0
         backend = _backend(connection)
         seconds, calls = Counter(), Counter()
 
@@ -81,9 +82,11 @@ class Command(BaseCommand):
                 calls[key] += 1
 
         while True:
-            started = time.perf_counter()
+            started, started_db, started_wal = time.perf_counter(), cpu_seconds(backend), wal_position()
             claim = claim_due(batch=opts["batch"], lease_seconds=600).fresh
             claiming += time.perf_counter() - started
+            claim_db_cpu += cpu_seconds(backend) - started_db
+            claim_wal += wal_position() - started_wal
             if not claim:
                 break
             hook = connection.execute_wrapper(timed) if opts["statements"] else contextlib.nullcontext()
@@ -101,6 +104,8 @@ class Command(BaseCommand):
         self.stdout.write(f"CPU in the executor: this process {cpu / done * 1e6:.0f} us a payment,"
                           f" its database backend {db_cpu / done * 1e6:.0f} us a payment;"
                           f" WAL {wal / done:,.0f} bytes a payment")
+        self.stdout.write(f"CPU in the claim: its database backend {claim_db_cpu / done * 1e6:.0f} us a payment;"
+                          f" WAL {claim_wal / done:,.0f} bytes a payment")
         if opts["statements"]:
             self.stdout.write(f"in statements {sum(seconds.values()):.2f} s (the rest: commits and Python)")
             for key, total in seconds.most_common():

@@ -44,7 +44,6 @@ SELECT p.id, e.kind, e.from_status, e.to_status, e.attempt, 'synthetic', '{}'::j
   FROM payments_scheduledpayment p,
        LATERAL (VALUES ('created', '', 'SCHEDULED', 0, true),
                        ('cancelled', 'SCHEDULED', 'CANCELLED', 0, p.status = 'CANCELLED'),
-                       ('claimed', 'SCHEDULED', 'EXECUTING', 1, p.attempt >= 1),
                        ('reclaimed', 'EXECUTING', 'EXECUTING', 2, p.attempt >= 2),
                        ('executed', 'EXECUTING', 'EXECUTED', p.attempt, p.status = 'EXECUTED'),
                        ('failed', 'EXECUTING', 'FAILED', p.attempt, p.status = 'FAILED')
