@@ -36,6 +36,24 @@ def database_url(db_settings: dict | None = None) -> str:
     return f"postgres://{auth}{host}{port}/{quote(db['NAME'], safe='')}"
 
 
+def stop_children_on_sigterm() -> None:
+    """Make SIGTERM a KeyboardInterrupt, as Ctrl-C is (SIGINT too, also when a script
+    started this process with SIGINT ignored, as it does a background job), so that the
+    ``finally`` that stops a Stack's children runs: they live in sessions of their own
+    and would outlive a parent killed any other way, still consuming from its Redis.
+    The first signal wins: later ones are ignored, so that a second SIGTERM (``timeout``
+    forwards its own to the child it runs) cannot cut the teardown short; SIGKILL still
+    stops it."""
+
+    def interrupted(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
+
+
 class Stack:
     """A set of delaypay processes sharing one environment and one log directory."""
 

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 from devtools.bench import report
 from devtools.bench.naive import use_broker
 from devtools.bench.scenarios import RUNNERS, SCENARIOS, BenchError, Options, machine
+from devtools.processes import stop_children_on_sigterm
 from devtools.sandbox import PrivateRedis, pick_port
 
 
@@ -79,6 +80,7 @@ class Command(BaseCommand):
                                  "or 50 when it is off); the second drain runs with 0")
 
     def handle(self, *args, **opts):
+        stop_children_on_sigterm()  # a killed bench stops its workers, promoter and beat
         if opts["scenario"] == "payouts":
             return self._payouts(opts)
         if opts["scenario"] == "fairness":

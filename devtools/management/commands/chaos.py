@@ -1,12 +1,12 @@
 """Fault-injection run: crash everything while payments drain, then check every invariant."""
 
 import secrets
-import signal
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
 from devtools import chaos
+from devtools.processes import stop_children_on_sigterm
 
 
 class Command(BaseCommand):
@@ -98,13 +98,7 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
 
-        def interrupted(signum, frame):
-            raise KeyboardInterrupt(f"signal {signum}")
-
-        # Tear down on SIGTERM as on Ctrl-C (also when started with SIGINT ignored, as a
-        # background job of a script is).
-        signal.signal(signal.SIGTERM, interrupted)
-        signal.signal(signal.SIGINT, interrupted)
+        stop_children_on_sigterm()  # tear down on SIGTERM as on Ctrl-C
         outcome = chaos.run(options, say=lambda text: self.stdout.write(text))
         self.stdout.write(self.style.SUCCESS(outcome.line) if outcome.ok else self.style.ERROR(outcome.line))
         if not outcome.ok:
