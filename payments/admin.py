@@ -721,10 +721,10 @@ def first_claim_at(payment, events: list[PaymentEvent]) -> datetime | None:
     return parse_datetime(previous) if isinstance(previous, str) else None
 
 
-def _first_claim_entries(at: datetime, attempts: dict[int, ExecutionAttempt]) -> list[TimelineEntry]:
+def _first_claim_entries(at: datetime, attempts: dict[int, ExecutionAttempt], *, source: str) -> list[TimelineEntry]:
     """The first claim (from first_claim_at) and, right after it, the attempt it started."""
     entries = [TimelineEntry(at, "claimed SCHEDULED → EXECUTING", "promoter",
-                             "attempt 1; a first claim writes no event: the time is the payment's claimed_at")]
+                             f"attempt 1; a first claim writes no event: the time is {source}")]
     if 1 in attempts:
         entries.append(_attempt_entry(attempts.pop(1)))
     return entries
@@ -752,9 +752,10 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
         hidden.append("attempts")
     entries = []
     first_claim = first_claim_at(payment, events) if "events" not in hidden else None
+    source = "the payment's claimed_at" if payment.attempt == 1 else "the second claim's previous_claimed_at"
     for event in events:
         if first_claim is not None and event.created_at >= first_claim and event.kind != PaymentEvent.Kind.CREATED:
-            entries += _first_claim_entries(first_claim, attempts)
+            entries += _first_claim_entries(first_claim, attempts, source=source)
             first_claim = None
         what = [event.kind]
         if event.from_status != event.to_status:
@@ -764,7 +765,7 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
         if event.kind in CLAIM_KINDS and event.attempt in attempts:
             entries.append(_attempt_entry(attempts.pop(event.attempt)))
     if first_claim is not None:
-        entries += _first_claim_entries(first_claim, attempts)
+        entries += _first_claim_entries(first_claim, attempts, source=source)
     for attempt in attempts.values():  # their claim is not among the events shown
         later = next((i for i, entry in enumerate(entries) if entry.at > attempt.started_at), len(entries))
         entries.insert(later, _attempt_entry(attempt))

@@ -123,6 +123,8 @@ def test_the_timeline_lists_attempts_and_events_oldest_first(superuser, people):
     response = admin_client_for(superuser).get(change_url(payment))
     whats = [str(entry.what) for entry in response.context["timeline"]]
     assert whats[:2] == ["created → SCHEDULED", "claimed SCHEDULED → EXECUTING"]
+    # No event for a first claim (decision record 0010): the entry comes from the row.
+    assert response.context["timeline"][1].detail.endswith("the payment's claimed_at")
     assert whats[2].startswith("attempt 1:") and ">executed<" in whats[2]  # right after its claim
     assert whats[3] == "executed EXECUTING → EXECUTED"
     html = response.content.decode()
@@ -150,7 +152,7 @@ def test_the_timeline_shows_a_first_claim_that_wrote_no_event_and_the_claim_that
     timeline = response.context["timeline"]
     whats = [str(entry.what) for entry in timeline]
     assert whats[:2] == ["created → SCHEDULED", "claimed SCHEDULED → EXECUTING"]
-    assert timeline[1].at == first and "no event" in timeline[1].detail
+    assert timeline[1].at == first and timeline[1].detail.endswith("the second claim's previous_claimed_at")
     assert whats[2].startswith("attempt 1:") and ">stale<" in whats[2]
     assert whats[3] == "reclaimed" and timeline[3].detail.startswith("attempt 2; previous_claimed_at: ")
     assert whats[4].startswith("attempt 2:") and ">executed<" in whats[4]
