@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from devtools.bench import loader
 from payments.execution import execute_batch
 from payments.models import PaymentEvent, RecurringEvent, ScheduledPayment
 from payments.series import recurring_create, recurring_end, recurring_pause, recurring_resume
@@ -136,3 +137,37 @@ def test_the_triggers_are_statement_level():
     with connection.cursor() as cur:
         cur.execute("SELECT tgname, tgtype & 1 FROM pg_trigger WHERE tgname LIKE 'webhooks_%%_outbox' ORDER BY tgname")
         assert cur.fetchall() == [("webhooks_payment_outbox", 0), ("webhooks_recurring_outbox", 0)]
+
+
+def seq_tuples_read_of_payments() -> int:
+    """Rows read by sequential scans of the schedule's partitions in this transaction."""
+    with connection.cursor() as cur:
+        cur.execute("""
+            SELECT coalesce(sum(s.seq_tup_read), 0) FROM pg_stat_xact_user_tables s
+              JOIN pg_inherits i ON i.inhrelid = s.relid
+             WHERE i.inhparent = 'payments_scheduledpayment'::regclass
+        """)
+        return cur.fetchone()[0]
+
+
+@pytest.mark.django_db
+def test_the_payment_outbox_finds_its_rows_by_primary_key_on_a_small_table():
+    # Under statistics of a small table the planner priced a sequential scan of every
+    # payment below a probe of the primary key per event, and hashed the whole schedule
+    # on each executor batch (webhooks/0004). The trigger's plan is made at its first
+    # run after the statistics change (ANALYZE invalidates it), with this batch's size.
+    loader.load_accounts(accounts=50)
+    loader.load_payments(payments=3000, accounts=50, due_at=timezone.now() - timedelta(seconds=1))
+    with connection.cursor() as cur:
+        cur.execute("SELECT id FROM payments_scheduledpayment ORDER BY id LIMIT 1000")
+        ids = [row[0] for row in cur.fetchall()]
+        cur.execute("ANALYZE payments_scheduledpayment")
+        before = seq_tuples_read_of_payments()
+        cur.execute("""
+            INSERT INTO payments_paymentevent
+                   (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
+            SELECT id, 'executed', 'EXECUTING', 'EXECUTED', 1, 'test', '{}', now() FROM unnest(%s::text[]) AS id
+        """, [ids])
+        read = seq_tuples_read_of_payments() - before
+    assert Event.objects.filter(type=events.PAYMENT_EXECUTED).count() == 1000
+    assert read == 0, f"the outbox trigger read {read} payments sequentially for a batch of 1,000"
