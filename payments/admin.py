@@ -706,7 +706,15 @@ def _attempt_entry(attempt: ExecutionAttempt) -> TimelineEntry:
 CLAIM_KINDS = (PaymentEvent.Kind.CLAIMED, PaymentEvent.Kind.RECLAIMED)
 
 
-def first_claim_at(payment, events: list[PaymentEvent]) -> datetime | None:
+@dataclass(frozen=True)
+class FirstClaim:
+    """When a payment's first attempt was claimed, and where that time is read from."""
+
+    at: datetime
+    source: str
+
+
+def first_claim(payment, events: list[PaymentEvent]) -> FirstClaim | None:
     """When the payment's first attempt was claimed, where no event says it: a first claim
     writes none (decision record 0010). The row's claimed_at while attempt 1 is its latest
     claim; afterwards the second attempt's "reclaimed" event keeps it. None when it was
@@ -715,16 +723,17 @@ def first_claim_at(payment, events: list[PaymentEvent]) -> datetime | None:
     if payment.attempt < 1 or any(e.kind == PaymentEvent.Kind.CLAIMED for e in events):
         return None
     if payment.attempt == 1:
-        return payment.claimed_at
+        return FirstClaim(payment.claimed_at, "the payment's claimed_at") if payment.claimed_at else None
     second = next((e for e in events if e.kind == PaymentEvent.Kind.RECLAIMED and e.attempt == 2), None)
     previous = (second.data or {}).get("previous_claimed_at") if second else None
-    return parse_datetime(previous) if isinstance(previous, str) else None
+    at = parse_datetime(previous) if isinstance(previous, str) else None
+    return FirstClaim(at, "the second claim's previous_claimed_at") if at else None
 
 
-def _first_claim_entries(at: datetime, attempts: dict[int, ExecutionAttempt], *, source: str) -> list[TimelineEntry]:
-    """The first claim (from first_claim_at) and, right after it, the attempt it started."""
-    entries = [TimelineEntry(at, "claimed SCHEDULED → EXECUTING", "promoter",
-                             f"attempt 1; a first claim writes no event: the time is {source}")]
+def _first_claim_entries(claim: FirstClaim, attempts: dict[int, ExecutionAttempt]) -> list[TimelineEntry]:
+    """The first claim (from first_claim) and, right after it, the attempt it started."""
+    entries = [TimelineEntry(claim.at, "claimed SCHEDULED → EXECUTING", "promoter",
+                             f"attempt 1; a first claim writes no event: the time is {claim.source}")]
     if 1 in attempts:
         entries.append(_attempt_entry(attempts.pop(1)))
     return entries
@@ -751,12 +760,11 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
     else:
         hidden.append("attempts")
     entries = []
-    first_claim = first_claim_at(payment, events) if "events" not in hidden else None
-    source = "the payment's claimed_at" if payment.attempt == 1 else "the second claim's previous_claimed_at"
+    pending_claim = first_claim(payment, events) if "events" not in hidden else None
     for event in events:
-        if first_claim is not None and event.created_at >= first_claim and event.kind != PaymentEvent.Kind.CREATED:
-            entries += _first_claim_entries(first_claim, attempts, source=source)
-            first_claim = None
+        if pending_claim and event.created_at >= pending_claim.at and event.kind != PaymentEvent.Kind.CREATED:
+            entries += _first_claim_entries(pending_claim, attempts)
+            pending_claim = None
         what = [event.kind]
         if event.from_status != event.to_status:
             what += [event.from_status, "→", event.to_status] if event.from_status else ["→", event.to_status]
@@ -764,8 +772,8 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
         entries.append(TimelineEntry(event.created_at, " ".join(what), actor, _event_detail(event)))
         if event.kind in CLAIM_KINDS and event.attempt in attempts:
             entries.append(_attempt_entry(attempts.pop(event.attempt)))
-    if first_claim is not None:
-        entries += _first_claim_entries(first_claim, attempts, source=source)
+    if pending_claim:
+        entries += _first_claim_entries(pending_claim, attempts)
     for attempt in attempts.values():  # their claim is not among the events shown
         later = next((i for i, entry in enumerate(entries) if entry.at > attempt.started_at), len(entries))
         entries.insert(later, _attempt_entry(attempt))

@@ -143,7 +143,8 @@ def test_the_timeline_shows_a_first_claim_that_wrote_no_event_and_the_claim_that
     payment = due_payment(source=people["alice_main"], target=people["bob"], amount=10, seconds_ago=60)
     claim_due(batch=100, lease_seconds=60)
     first = ScheduledPayment.objects.get(pk=payment.pk).claimed_at
-    assert payments_admin.first_claim_at(ScheduledPayment.objects.get(pk=payment.pk), []) == first
+    assert payments_admin.first_claim(ScheduledPayment.objects.get(pk=payment.pk), []) == payments_admin.FirstClaim(
+        first, "the payment's claimed_at")
     expire_lease(payment)
     claim_due(batch=100, lease_seconds=60)
     assert execute_batch(pairs=[(payment.pk, 1)], worker="w1").stale  # the superseded attempt, late
@@ -160,7 +161,7 @@ def test_the_timeline_shows_a_first_claim_that_wrote_no_event_and_the_claim_that
     # A payment claimed before the change has its own "claimed" event: nothing is made up.
     events = list(PaymentEvent.objects.filter(payment_id=payment.pk))
     legacy = PaymentEvent(kind=PaymentEvent.Kind.CLAIMED, attempt=1)
-    assert payments_admin.first_claim_at(ScheduledPayment.objects.get(pk=payment.pk), [*events, legacy]) is None
+    assert payments_admin.first_claim(ScheduledPayment.objects.get(pk=payment.pk), [*events, legacy]) is None
 
 
 def test_the_timeline_leaves_out_what_the_user_may_not_see(people, payments):
