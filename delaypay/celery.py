@@ -3,10 +3,11 @@ dispatcher on "webhooks" (a thread pool: it waits on receivers). Routes and the 
 schedule are in settings (CELERY_TASK_ROUTES, CELERY_BEAT_SCHEDULE)."""
 
 import functools
+import gc
 import os
 
 from celery import Celery, bootsteps
-from celery.signals import setup_logging, task_prerun, worker_init
+from celery.signals import setup_logging, task_prerun, worker_init, worker_process_init, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "delaypay.settings")
 
@@ -44,6 +45,20 @@ def _drop_dead_connections(**_kwargs):
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@worker_process_init.connect
+@worker_ready.connect
+def _freeze_startup_objects(**_kwargs):
+    # A worker process starts with Django, Celery, Kombu and the app in memory: about
+    # 100,000 objects the cyclic collector tracks and never frees, and every full
+    # collection walked them all again (0.25 s of bench_executor's 0.32 s of collections
+    # over 40,000 payments, about 6 us a payment). Frozen, they sit in the permanent
+    # generation and a collection walks only what the batches allocate. Sent in each
+    # prefork child after the fork (worker_process_init) and in the main process once it
+    # is ready (worker_ready: the promoter's solo pool and the webhooks' threads run
+    # their tasks there).
+    gc.freeze()
 
 
 @setup_logging.connect

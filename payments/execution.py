@@ -268,7 +268,9 @@ def write_outcomes(cur, decisions: list[Decision], *, started_at: datetime, work
         return
     ids = [d.payment.id for d in decisions]
     attempts = [d.payment.attempt for d in decisions]
-    statuses = [d.status for d in decisions]
+    # Plain strings, not the choices' enum members: bound_cursor writes a list of str in
+    # one step (common.db.FastListDumper), a list of members element by element.
+    statuses = [str(d.status) for d in decisions]
     cur.execute(sql.FINISH_FENCED, fence_params(
         ids, attempts, statuses=statuses, reasons=[d.failure_reason for d in decisions],
         executed_ats=[d.executed_at for d in decisions], review_reasons=[d.review_reason for d in decisions],
@@ -276,9 +278,9 @@ def write_outcomes(cur, decisions: list[Decision], *, started_at: datetime, work
     ))
     if cur.rowcount != len(ids):
         raise FenceViolation(f"CAS updated {cur.rowcount} of {len(ids)} locked payments")
-    cur.execute(sql.INSERT_ATTEMPTS, [started_at, worker, ids, attempts, [d.outcome for d in decisions],
+    cur.execute(sql.INSERT_ATTEMPTS, [started_at, worker, ids, attempts, [str(d.outcome) for d in decisions],
                                       [d.error for d in decisions]])
-    kinds = [d.event_kind() for d in decisions]
+    kinds = [str(d.event_kind()) for d in decisions]
     cur.execute(sql.INSERT_FINISH_EVENTS, [f"worker:{worker}", ids, kinds, statuses, attempts,
                                            [d.event_data() for d in decisions]])
 
