@@ -150,24 +150,57 @@ def seq_tuples_read_of_payments() -> int:
         return cur.fetchone()[0]
 
 
+INSERT_EVENTS = """
+    INSERT INTO payments_paymentevent (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
+    SELECT id, 'executed', 'EXECUTING', 'EXECUTED', 1, 'test', '{}', now() FROM unnest(%s::text[]) AS id
+"""
+
+
+def outbox_plan_of(ids: list[str], *, empty_firing_first: bool) -> str:
+    """The plan the payment outbox trigger ran for an insert of events for ``ids``, as
+    ``auto_explain`` reports it. The trigger's plan is made again after ``ANALYZE`` (an
+    invalidation), at its next firing: the claim's empty audit insert, or a batch."""
+    plans = []
+
+    def notice(diagnostic):
+        plans.append(diagnostic.message_primary or "")
+
+    raw = connection.connection
+    raw.add_notice_handler(notice)
+    try:
+        with connection.cursor() as cur:
+            cur.execute("LOAD 'auto_explain'")
+            for setting in ("auto_explain.log_min_duration = 0", "auto_explain.log_nested_statements = on",
+                            "auto_explain.log_level = notice", "client_min_messages = notice"):
+                cur.execute(f"SET LOCAL {setting}")
+            cur.execute("ANALYZE payments_scheduledpayment")
+            if empty_firing_first:
+                cur.execute(INSERT_EVENTS, [[]])
+            plans.clear()
+            cur.execute(INSERT_EVENTS, [ids])
+            cur.execute("SET LOCAL auto_explain.log_min_duration = -1")
+    finally:
+        raw.remove_notice_handler(notice)
+    [plan] = [text for text in plans if "INSERT INTO webhooks_event" in text]
+    return plan
+
+
 @pytest.mark.django_db
-def test_the_payment_outbox_finds_its_rows_by_primary_key_on_a_small_table():
-    # Under statistics of a small table the planner priced a sequential scan of every
-    # payment below a probe of the primary key per event, and hashed the whole schedule
-    # on each executor batch (webhooks/0004). The trigger's plan is made at its first
-    # run after the statistics change (ANALYZE invalidates it), with this batch's size.
+@pytest.mark.parametrize("empty_firing_first", [False, True])
+def test_the_payment_outbox_looks_each_payment_up_by_primary_key(empty_firing_first):
+    # A PL/pgSQL statement's plan is made at its first firing after an invalidation and
+    # kept. Made at a batch of 1,000 on a table that looked small, a plain join hashed
+    # every payment (webhooks/0004); made at the claim's empty firing, 0004's ANY-array
+    # form rescanned the whole array for each event, O(batch squared) (webhooks/0005).
     loader.load_accounts(accounts=50)
     loader.load_payments(payments=3000, accounts=50, due_at=timezone.now() - timedelta(seconds=1))
     with connection.cursor() as cur:
         cur.execute("SELECT id FROM payments_scheduledpayment ORDER BY id LIMIT 1000")
         ids = [row[0] for row in cur.fetchall()]
-        cur.execute("ANALYZE payments_scheduledpayment")
-        before = seq_tuples_read_of_payments()
-        cur.execute("""
-            INSERT INTO payments_paymentevent
-                   (payment_id, kind, from_status, to_status, attempt, actor, data, created_at)
-            SELECT id, 'executed', 'EXECUTING', 'EXECUTED', 1, 'test', '{}', now() FROM unnest(%s::text[]) AS id
-        """, [ids])
-        read = seq_tuples_read_of_payments() - before
+    before = seq_tuples_read_of_payments()
+    plan = outbox_plan_of(ids, empty_firing_first=empty_firing_first)
+    assert seq_tuples_read_of_payments() == before
     assert Event.objects.filter(type=events.PAYMENT_EXECUTED).count() == 1000
-    assert read == 0, f"the outbox trigger read {read} payments sequentially for a batch of 1,000"
+    assert "Nested Loop" in plan and "Index Cond: ((id)::text = (e.payment_id)::text)" in plan, plan
+    for wrong in ("Hash Join", "Merge Join", "Seq Scan on payments_scheduledpayment", "(id)::text = ANY"):
+        assert wrong not in plan, plan
