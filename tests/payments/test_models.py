@@ -48,3 +48,63 @@ def test_allowed_transitions_match_the_database_trigger_for_every_pair():
     }
     assert enforced == documented
     assert sum(enforced.values()) == 12  # the check can fail: most pairs are refused
+
+
+def refused(statement: str, params: list) -> str | None:
+    """The guard's message if it refuses ``statement``, else None (rolled back either way)."""
+    try:
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(statement, params)
+            transaction.set_rollback(True)
+        return None
+    except DatabaseError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize(
+    ("status", "change", "message"),
+    [
+        ("SCHEDULED", "attempt = attempt - 1", "attempt may not go back"),
+        ("SCHEDULED", "id = id || 'x'", "fields are frozen once claimed"),
+        ("SCHEDULED", "payer_id = payer_id + 1", "fields are frozen once claimed"),
+        ("SCHEDULED", "created_at = created_at - interval '1 day'", "fields are frozen once claimed"),
+        ("EXECUTING", "amount = amount + 1", "fields are frozen once claimed"),
+        ("EXECUTING", "execute_at = execute_at + interval '1 minute'", "fields are frozen once claimed"),
+        ("NEEDS_REVIEW", "to_account_id = from_account_id", "fields are frozen once claimed"),
+        ("EXECUTED", "updated_at = now()", "is EXECUTED and final"),
+        ("CANCELLED", "tries = tries", "is CANCELLED and final"),
+    ],
+)
+def test_the_guard_refuses_each_illegal_change(status, change, message):
+    # The trigger calls the guard only when its WHEN finds an update illegal (payments/0020):
+    # each of the guard's refusals must still reach it.
+    payment = future_payment(source=funded_account(balance=100), target=funded_account())
+    put_in_status(payment.pk, status)
+    if status == "SCHEDULED":
+        with connection.cursor() as cur:
+            cur.execute("SET session_replication_role = replica")
+            cur.execute("UPDATE payments_scheduledpayment SET attempt = 1 WHERE id = %s", [payment.pk])
+            cur.execute("SET session_replication_role = origin")
+    found = refused(f"UPDATE payments_scheduledpayment SET {change} WHERE id = %s", [payment.pk])
+    assert found is not None and message in found, found
+
+
+@pytest.mark.parametrize(
+    ("status", "change"),
+    [
+        ("SCHEDULED", "amount = amount + 1, execute_at = execute_at + interval '1 minute'"),  # reschedule
+        ("SCHEDULED", "attempt = attempt + 1, status = 'EXECUTING'"),  # a claim
+        ("EXECUTING", "status = 'EXECUTED', lease_until = NULL"),  # a finish
+        ("NEEDS_REVIEW", "status = 'SCHEDULED', review_reason = ''"),  # a re-drive
+    ],
+)
+def test_the_guard_lets_legal_changes_through(status, change):
+    payment = future_payment(source=funded_account(balance=100), target=funded_account())
+    put_in_status(payment.pk, status)
+    assert refused(f"UPDATE payments_scheduledpayment SET {change} WHERE id = %s", [payment.pk]) is None
+
+
+def test_a_payment_cannot_be_deleted():
+    payment = future_payment(source=funded_account(balance=100), target=funded_account())
+    found = refused("DELETE FROM payments_scheduledpayment WHERE id = %s", [payment.pk])
+    assert found is not None and "cannot be deleted" in found, found
