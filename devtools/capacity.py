@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="manage.py bench burst --json outputs")
     parser.add_argument("--rate", type=float, default=83_000, help="payments/s to reach (seed 000: 83,000)")
     parser.add_argument("--pending", type=float, default=500e6, help="payments waiting (seed 000: 500M)")
-    parser.add_argument("--batch", type=int, default=500, help="claim batch in production")
+    parser.add_argument("--batch", type=int, default=1000, help="claim batch in production (DELAYPAY_CLAIM_BATCH)")
     parser.add_argument("--headroom", type=float, default=0.7, help="share of each resource to plan to use")
     parser.add_argument("--primary-cores", type=int, default=32, help="CPU cores of one PostgreSQL primary")
     parser.add_argument("--wal-mb-s", type=float, default=200, help="WAL one primary writes and ships, MB/s")
