@@ -25,14 +25,19 @@ def put_in_status(payment_id: str, status: str) -> None:
         cur.execute("SET session_replication_role = origin")
 
 
-def trigger_allows(payment_id: str, new_status: str) -> bool:
+def refused(statement: str, params: list) -> str | None:
+    """The guard's message if it refuses ``statement``, else None (rolled back either way)."""
     try:
         with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(SET_STATUS, [new_status, payment_id])
+            cur.execute(statement, params)
             transaction.set_rollback(True)
-        return True
-    except DatabaseError:
-        return False
+        return None
+    except DatabaseError as exc:
+        return str(exc)
+
+
+def trigger_allows(payment_id: str, new_status: str) -> bool:
+    return refused(SET_STATUS, [new_status, payment_id]) is None
 
 
 def test_allowed_transitions_match_the_database_trigger_for_every_pair():
@@ -48,17 +53,6 @@ def test_allowed_transitions_match_the_database_trigger_for_every_pair():
     }
     assert enforced == documented
     assert sum(enforced.values()) == 12  # the check can fail: most pairs are refused
-
-
-def refused(statement: str, params: list) -> str | None:
-    """The guard's message if it refuses ``statement``, else None (rolled back either way)."""
-    try:
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(statement, params)
-            transaction.set_rollback(True)
-        return None
-    except DatabaseError as exc:
-        return str(exc)
 
 
 @pytest.mark.parametrize(

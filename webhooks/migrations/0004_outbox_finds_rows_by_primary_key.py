@@ -15,54 +15,27 @@ as an array, the index scan of the events' own rows is the plan at every table s
 Nothing else changes: the same rows, the same snapshots.
 """
 
+import importlib
+
 from django.db import migrations
 
-PAYMENT_OUTBOX = """
-CREATE OR REPLACE FUNCTION webhooks_payment_outbox() RETURNS trigger AS $$
-BEGIN
-    INSERT INTO webhooks_event (type, owner_id, payment_id, recurring_id, version, snapshot, created_at)
-    SELECT CASE e.kind
-               WHEN 'executed' THEN 'payment.executed'
-               WHEN 'failed' THEN 'payment.failed'
-               WHEN 'cancelled' THEN 'payment.cancelled'
-               WHEN 'parked' THEN 'payment.needs_review'
-               WHEN 'updated' THEN 'payment.rescheduled'
-           END,
-           p.payer_id, p.id, NULL, p.version,
-           CASE WHEN e.kind IN ('executed', 'failed', 'cancelled') THEN NULL ELSE to_jsonb(p) END,
-           now()
-      FROM new_events e
-      JOIN payments_scheduledpayment p ON p.id = e.payment_id
-     WHERE e.kind IN ('executed', 'failed', 'cancelled', 'parked', 'updated')
-       AND p.id = ANY(ARRAY(SELECT payment_id FROM new_events
-                             WHERE kind IN ('executed', 'failed', 'cancelled', 'parked', 'updated')))
-     ORDER BY e.id;
-    RETURN NULL;
-END $$ LANGUAGE plpgsql;
-"""
+# The functions before (migration 0003's for payments, 0002's for series), each given its
+# ids as an array; the way back is the function before.
+_0002 = importlib.import_module("webhooks.migrations.0002_outbox_triggers")
+_0003 = importlib.import_module("webhooks.migrations.0003_terminal_events_read_the_frozen_row")
+PAYMENT_OUTBOX_0003 = _0003.PAYMENT_OUTBOX
+_END = "$$ LANGUAGE plpgsql;"
+_RECURRING = _0002.TRIGGERS[_0002.TRIGGERS.index("CREATE FUNCTION webhooks_recurring_outbox"):]
+_RECURRING = _RECURRING[:_RECURRING.index(_END) + len(_END)]
+RECURRING_OUTBOX_0002 = "\n" + _RECURRING.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION") + "\n"
 
-RECURRING_OUTBOX = """
-CREATE OR REPLACE FUNCTION webhooks_recurring_outbox() RETURNS trigger AS $$
-BEGIN
-    INSERT INTO webhooks_event (type, owner_id, payment_id, recurring_id, version, snapshot, created_at)
-    SELECT 'recurring_payment.' || e.kind, r.payer_id, NULL, r.id, r.version, to_jsonb(r), now()
-      FROM new_events e
-      JOIN payments_recurringpayment r ON r.id = e.recurring_id
-     WHERE e.kind IN ('paused', 'resumed', 'ended')
-       AND r.id = ANY(ARRAY(SELECT recurring_id FROM new_events WHERE kind IN ('paused', 'resumed', 'ended')))
-     ORDER BY e.id;
-    RETURN NULL;
-END $$ LANGUAGE plpgsql;
-"""
-
-# The functions before, for the way back (migrations 0003 and 0002).
 PAYMENT_BY_KEY = """
        AND p.id = ANY(ARRAY(SELECT payment_id FROM new_events
                              WHERE kind IN ('executed', 'failed', 'cancelled', 'parked', 'updated')))"""
 RECURRING_BY_KEY = """
        AND r.id = ANY(ARRAY(SELECT recurring_id FROM new_events WHERE kind IN ('paused', 'resumed', 'ended')))"""
-PAYMENT_OUTBOX_0003 = PAYMENT_OUTBOX.replace(PAYMENT_BY_KEY, "")
-RECURRING_OUTBOX_0002 = RECURRING_OUTBOX.replace(RECURRING_BY_KEY, "")
+PAYMENT_OUTBOX = PAYMENT_OUTBOX_0003.replace("\n     ORDER BY e.id;", PAYMENT_BY_KEY + "\n     ORDER BY e.id;")
+RECURRING_OUTBOX = RECURRING_OUTBOX_0002.replace("\n     ORDER BY e.id;", RECURRING_BY_KEY + "\n     ORDER BY e.id;")
 
 
 class Migration(migrations.Migration):
