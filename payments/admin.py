@@ -86,6 +86,7 @@ from .selectors import (
     payment_execute_at_bounds,
     payment_execute_at_condition,
     payment_overdue_condition,
+    payments_matching,
     recurring_search_condition,
 )
 from .series import recurring_end, recurring_pause, recurring_resume
@@ -201,15 +202,11 @@ def payment_admin_search_condition(*, terms: list[str]) -> tuple[Q, bool]:
     """What the payment list's search matches (any term): a payment id, a recurring id
     (its occurrences), an account id, or a prefix of an account's name or its owner's
     username, either side. Accounts are resolved first so the payments are read through
-    payments_from_account_idx and the to_account index; ids through the primary key and
-    payments_recurring_idx."""
+    the lookup table's account indexes; ids through its primary key, occurrences through
+    payments_recurring_idx (selectors.payments_matching)."""
     account_ids, more = accounts_by_prefix(terms)
-    condition = (
-        Q(pk__in=terms)
-        | Q(from_account_id__in=account_ids)
-        | Q(to_account_id__in=account_ids)
-        | Q(recurring_id__in=[t for t in terms if t.startswith("rec_")])
-    )
+    condition = payments_matching(ids=terms, account_ids=account_ids,
+                                  recurring_ids=[t for t in terms if t.startswith("rec_")])
     return condition, more
 
 
@@ -343,7 +340,8 @@ class GivenValueFilter(admin.SimpleListFilter):
 
 class PayerFilter(GivenValueFilter):
     """Payments one user created (``?payer=<user id>``): the payment page's "payer" links
-    here. Served by payments_payer_idx (payer, execute_at)."""
+    here. Served by the lookup table's payments_lookup_payer_idx (payer, execute_at, payment),
+    walked in order (get_ordering: latest due first)."""
 
     title = "payer"
     parameter_name = "payer"
@@ -363,13 +361,14 @@ class PayerFilter(GivenValueFilter):
         if user_id is None:
             warn_once(request, f"payer={self.value()!r} is not a user id (a number): the payer filter is ignored.")
             return queryset
-        return queryset.filter(payer_id=user_id)
+        return queryset.filter(lookup__payer_id=user_id)
 
 
 class AccountFilter(GivenValueFilter):
     """Payments out of or into one account (``?account=<id>``, with ``direction=out|in``;
-    both when no direction). Out: payments_from_account_idx (from_account, execute_at);
-    in: the to_account index."""
+    both when no direction). Read through the lookup table (decision 0011): out,
+    payments_lookup_from_idx walked in order (get_ordering); in, payments_lookup_to_idx;
+    both, a bitmap over the two."""
 
     title = "account"
     parameter_name = "account"
@@ -380,10 +379,10 @@ class AccountFilter(GivenValueFilter):
             return queryset
         direction = request.GET.get(DirectionFilter.parameter_name, "")
         if direction == "out":
-            return queryset.filter(from_account_id=account)
+            return queryset.filter(lookup__from_account_id=account)
         if direction == "in":
-            return queryset.filter(to_account_id=account)
-        return queryset.filter(Q(from_account_id=account) | Q(to_account_id=account))
+            return queryset.filter(lookup__to_account_id=account)
+        return queryset.filter(Q(lookup__from_account_id=account) | Q(lookup__to_account_id=account))
 
 
 class DirectionFilter(admin.SimpleListFilter):
@@ -977,7 +976,9 @@ class ScheduledPaymentAdmin(
         the oldest due first and a failure reason the latest failures first. Those orders
         are also what their indexes serve; newest-first by id there would walk the primary
         key past every row the filter does not hold. A payer's or an account's outgoing
-        payments: latest due first, as payments_payer_idx and payments_from_account_idx hold them."""
+        payments: latest due first, as the lookup table's payer and from-account indexes hold
+        them (the due time is the lookup row's, which is the payment's: the planner walks the
+        index only when the order names its column)."""
         if request.GET.get(DueFilter.parameter_name) in DueFilter.CONDITIONS:
             return ("execute_at", "id")
         if request.GET.get(FailureReasonFilter.parameter_name) in FailureReason.values:
@@ -987,7 +988,7 @@ class ScheduledPaymentAdmin(
         if whole_number(request.GET.get(PayerFilter.parameter_name, ""), digits=USER_ID_DIGITS) is not None or (
             request.GET.get(AccountFilter.parameter_name) and request.GET.get(DirectionFilter.parameter_name) == "out"
         ):
-            return ("-execute_at", "-id")
+            return ("-lookup__execute_at", "-id")
         if request.GET.get(DueRangeFilter.low) or request.GET.get(DueRangeFilter.high):
             return ("execute_at", "id")
         return super().get_ordering(request)

@@ -71,8 +71,10 @@ class ReviewReason(models.TextChoices):
 
 class ScheduledPayment(models.Model):
     id = models.CharField(primary_key=True, max_length=40, default=new_payment_id, editable=False)
-    # No single-column index: payments_payer_idx (payer, execute_at) serves every lookup
-    # by payer, and each index here costs every claim and every finish (docs/reference/benchmarks.md).
+    # payer, from_account and to_account have no index on this table: each index here costs
+    # every claim and every finish a new entry (two non-HOT updates a payment). Lookups by
+    # them read PaymentLookup, written only when a payment is created or rescheduled
+    # (docs/decisions/0011-lookup-keys-off-the-hot-path.md).
     payer = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="scheduled_payments", db_index=False
     )
@@ -82,7 +84,8 @@ class ScheduledPayment(models.Model):
     # Exactly one of to_account (an internal transfer) and to_payee (a payout through the
     # payee's rail, which ``rail`` repeats so the claims can tell payouts apart).
     to_account = models.ForeignKey(
-        "ledger.Account", null=True, blank=True, on_delete=models.PROTECT, related_name="incoming_payments"
+        "ledger.Account", null=True, blank=True, on_delete=models.PROTECT, related_name="incoming_payments",
+        db_index=False,  # PaymentLookup's payments_lookup_to_idx
     )
     to_payee = models.ForeignKey(
         "Payee", null=True, blank=True, on_delete=models.PROTECT, related_name="payouts",
@@ -233,7 +236,6 @@ class ScheduledPayment(models.Model):
                 condition=models.Q(status="FAILED"),
                 name="payments_failed_idx",
             ),
-            models.Index(fields=["from_account", "execute_at"], name="payments_from_account_idx"),
             # The fair claim's hot senders (sql.CLAIM_DUE_FAIR): one sender's due internal
             # payments, oldest first, without walking its finished history or anyone
             # else's rows. Written when a payment is scheduled, never by a claim or a finish
@@ -248,7 +250,6 @@ class ScheduledPayment(models.Model):
                 condition=models.Q(recurring__isnull=False),
                 name="payments_recurring_idx",
             ),
-            models.Index(fields=["payer", "execute_at"], name="payments_payer_idx"),
             # The payouts' claim: due SCHEDULED payouts of one rail, oldest first. Internal
             # payments are not in it (and pay nothing for it).
             models.Index(
@@ -269,6 +270,49 @@ class ScheduledPayment(models.Model):
     @property
     def is_payout(self) -> bool:
         return self.to_payee_id is not None
+
+
+class PaymentLookup(models.Model):
+    """Who pays and which accounts a payment moves money between, with its due time: the
+    keys staff, the API and the limits look payments up by, in a narrow table of their own
+    (decision 0011). The payments table keeps the columns but not their indexes, so its
+    claim and its finish (two non-HOT updates of every payment) write two index entries
+    each instead of five. One row per payment, kept by triggers on the payments table
+    (migration 0021): inserted with the payment, changed by a reschedule, never touched by
+    the hot path, whose updates set none of these columns. Partitioned like the payments,
+    archived with them; reconciliation's ``lookup_keys`` checks it against them.
+
+    Read it through the ``lookup`` relation: ``ScheduledPayment.objects.filter(lookup__payer=user)``
+    joins by primary key, and ordering by ``lookup__execute_at`` walks these indexes in order."""
+
+    payment = models.OneToOneField(
+        ScheduledPayment, primary_key=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="lookup"
+    )
+    payer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    from_account = models.ForeignKey(
+        "ledger.Account", on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    to_account = models.ForeignKey(
+        "ledger.Account", null=True, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False,
+        related_name="+",
+    )
+    execute_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["payer", "execute_at", "payment"], name="payments_lookup_payer_idx"),
+            models.Index(fields=["from_account", "execute_at", "payment"], name="payments_lookup_from_idx"),
+            models.Index(
+                fields=["to_account", "execute_at", "payment"],
+                condition=models.Q(to_account__isnull=False),  # payouts go to a payee
+                name="payments_lookup_to_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.payment_id
 
 
 class RecurringStatus(models.TextChoices):

@@ -1,11 +1,11 @@
 """The schedule's partitions and their archival (docs/decisions/0009-partitions-by-payment-id.md).
 
-Payments, their events, their attempts and their payouts are range-partitioned by the
-payment id (``payments_scheduledpayment.id``, the others' ``payment_id``). The id is a
-ULID: its first ten characters are the creation time in milliseconds, so a range of ids
-is a range of creation times, and one month's partition of each table holds the whole
+Payments, their lookup keys, their events, their attempts and their payouts are
+range-partitioned by the payment id (``payments_scheduledpayment.id``, the others'
+``payment_id``). The id is a ULID: its first ten characters are the creation time in
+milliseconds, so a range of ids is a range of creation times, and one month's partition of each table holds the whole
 history of the payments created that month. The primary key and every foreign key keep
-working (each includes the partition key), and a month leaves as a unit: its four
+working (each includes the partition key), and a month leaves as a unit: its five
 partitions are exported, checked and detached, with no DELETE and so no trigger to lift
 (terminal rows stay frozen).
 
@@ -41,6 +41,7 @@ PAYMENTS = "payments_scheduledpayment"
 # Each table and its primary key's columns (the partition key first: the archive's row
 # order), in the order a month's partitions are detached (those referencing payments first).
 TABLES = {
+    "payments_paymentlookup": "payment_id",  # the lookup keys (decision 0011): derived, archived for completeness
     "payments_paymentevent": "payment_id, id",
     "payments_executionattempt": "payment_id, attempt",
     "payments_payout": "payment_id",
@@ -118,12 +119,13 @@ class Month:
         return cls(datetime.strptime(label, "%Y-%m").replace(tzinfo=UTC))
 
 
-def create_month(cur, month: Month) -> bool:
-    """Create ``month``'s partition of every partitioned table; False when it exists."""
+def create_month(cur, month: Month, tables=TABLES) -> bool:
+    """Create ``month``'s partition of every partitioned table (of ``tables``: a migration
+    names those that exist at its point); False when the payments' partition exists."""
     cur.execute("SELECT to_regclass(%s) IS NOT NULL", [month.name()])
     if cur.fetchone()[0]:
         return False
-    for table in TABLES:
+    for table in tables:
         # Bounds are literals: DDL takes no parameters. They are built from a date.
         cur.execute(
             f"CREATE TABLE IF NOT EXISTS {month.name(table)} PARTITION OF {table} "
@@ -262,7 +264,7 @@ def verify_archive(directory: Path) -> dict:
 
 
 def archive_month(month: Month, *, cutoff: datetime, directory: Path | None = None):
-    """Export ``month``'s four partitions, check the files against what the database
+    """Export ``month``'s five partitions, check the files against what the database
     holds, then detach and drop the partitions and record the archive. Refuses
     (NotArchivable) while the month holds a payment not terminal or finished after
     ``cutoff``. The export is read in one snapshot; the detach re-counts under the

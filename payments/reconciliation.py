@@ -79,6 +79,8 @@ CHECKS: dict[str, str] = {
     "overdue_scheduled": "SCHEDULED and overdue by more than the overdue threshold (the sweep stalled)",
     "event_history": "payment events disagree with its status and attempt",
     "orphan_history": "payment events or attempts whose payment does not exist",
+    "lookup_keys": "payment without its lookup row (payer, accounts, due time), with one that disagrees, or a lookup "
+    "row without its payment",
     "attempt_history": "execution attempts disagree with its status and attempt",
     "payout_ledger": "payout whose reserve (two-phase transfer) or rail record disagrees with its status",
     "two_phase_transfers": "pending transfer without exactly its pend: transfer and the post: or void: its state says",
@@ -113,7 +115,8 @@ def reconcile(
         cur.execute(sql.RECONCILE_COUNT)
         checked_at, payments = cur.fetchone()
         for check_sql in (sql.RECONCILE_PAYMENT_LEDGER, sql.RECONCILE_LEDGER, sql.RECONCILE_LIVENESS,
-                          sql.RECONCILE_HISTORY, sql.RECONCILE_PAYOUTS, sql.RECONCILE_WEBHOOK_EVENTS):
+                          sql.RECONCILE_HISTORY, sql.RECONCILE_LOOKUP, sql.RECONCILE_PAYOUTS,
+                          sql.RECONCILE_WEBHOOK_EVENTS):
             cur.execute(check_sql, params)
             for name, count, samples in cur.fetchall():
                 found[name] = (count, [s.strip() for s in samples or []])

@@ -38,6 +38,7 @@ from .models import (
     ArchivedPartition,
     ExecutionAttempt,
     Heartbeat,
+    PaymentLookup,
     PaymentStatus,
     RecurringPayment,
     ScheduledPayment,
@@ -47,7 +48,14 @@ STATUS_FIELD = ScheduledPayment._meta.get_field("status")
 
 
 def _own(qs: QuerySet, user) -> QuerySet:
-    """Rows (payments or recurring payments) the user created or whose source account they own."""
+    """Rows (payments or recurring payments) the user created or whose source account they own.
+    Payments are found through their lookup keys (PaymentLookup, decision 0011), with the
+    user's accounts resolved first: one bitmap over its payer and from-account indexes,
+    then the payments by primary key, O(the user's payments). A join to the accounts in
+    the OR instead would hash every payment."""
+    if qs.model is ScheduledPayment:
+        accounts = list(Account.objects.filter(owner=user).values_list("id", flat=True))
+        return qs.filter(Q(lookup__payer=user) | Q(lookup__from_account_id__in=accounts))
     return qs.filter(Q(payer=user) | Q(from_account__owner=user))
 
 
@@ -100,7 +108,7 @@ def payment_list_for_account(*, user, account_id: str, status: str | None = None
     they execute and show up as transfers); staff who read every payment see both
     directions."""
     qs = payment_list(user=user, status=status)
-    return qs.filter(Q(from_account_id=account_id) | Q(to_account_id=account_id))
+    return qs.filter(Q(lookup__from_account_id=account_id) | Q(lookup__to_account_id=account_id))
 
 
 @dataclass(frozen=True)
@@ -446,13 +454,23 @@ def payment_search_condition(*, terms: list[str]) -> Q:
     occurrences). Account ids are resolved first, in one query, so the payment scan uses
     the account indexes instead of joining users."""
     terms = [t for t in terms if t]
-    account_ids = _accounts_matching(terms)
-    return (
-        Q(pk__in=terms)
-        | Q(from_account_id__in=account_ids)
-        | Q(to_account_id__in=account_ids)
-        | Q(recurring_id__in=[t for t in terms if t.startswith("rec_")])  # a series' occurrences
-    )
+    return payments_matching(ids=terms, account_ids=_accounts_matching(terms),
+                             recurring_ids=[t for t in terms if t.startswith("rec_")])
+
+
+def payments_matching(*, ids: list[str], account_ids: list[str], recurring_ids: list[str]) -> Q:
+    """Payments with one of ``ids``, debiting or crediting one of ``account_ids``, or
+    occurrences of one of ``recurring_ids``: one ``id IN (...)`` over a union, so the
+    planner reads each part from its own index (the lookup table's primary key and account
+    indexes, payments_recurring_idx) and then the payments by primary key. An OR of the
+    parts would put a subquery or a second table inside it, which no index serves."""
+    by_keys = PaymentLookup.objects.filter(
+        Q(payment_id__in=ids) | Q(from_account_id__in=account_ids) | Q(to_account_id__in=account_ids)
+    ).order_by().values("payment_id")
+    if recurring_ids:
+        occurrences = ScheduledPayment.objects.filter(recurring_id__in=recurring_ids).order_by().values("id")
+        by_keys = by_keys.union(occurrences, all=True)
+    return Q(pk__in=by_keys)
 
 
 def recurring_search_condition(*, terms: list[str]) -> Q:

@@ -738,6 +738,24 @@ SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v
 """
 
 
+# The lookup keys (decision 0011): every payment has exactly its row in
+# payments_paymentlookup, with the same payer, accounts and due time, and no row is
+# there without its payment. One merge of the two tables by primary key.
+RECONCILE_LOOKUP = """
+WITH v AS (
+    SELECT coalesce(p.id, k.payment_id) || CASE WHEN k.payment_id IS NULL THEN ': no lookup row'
+                                               WHEN p.id IS NULL THEN ': lookup row without its payment'
+                                               ELSE ': lookup row disagrees' END AS subject
+      FROM payments_scheduledpayment p
+      FULL JOIN payments_paymentlookup k ON k.payment_id = p.id
+     WHERE p.id IS NULL OR k.payment_id IS NULL
+        OR (p.payer_id, p.from_account_id, p.to_account_id, p.execute_at)
+           IS DISTINCT FROM (k.payer_id, k.from_account_id, k.to_account_id, k.execute_at)
+)
+SELECT 'lookup_keys', count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v HAVING count(*) > 0
+"""
+
+
 # What the writers guarantee, per payment:
 # * one "created" event; one "reclaimed" event per attempt after the first, the last one
 #   at the payment's attempt (claim and event are one statement); the first claim writes
@@ -926,19 +944,21 @@ LOCK_PAYER_LIMITS = "SELECT pg_advisory_xact_lock(%(namespace)s::int4, %(payer)s
 # Each payer's pending one-off payments: SCHEDULED (waiting for their time, or for a
 # retry) and not an occurrence of a recurring payment (the series limit bounds those).
 # No SCHEDULED row is due before the oldest one the sweep's partial indexes know of,
-# so the payers' rows are read from there on (payments_payer_idx): their future ones and
-# whatever they have overdue, never their whole history. Reading only by payer cost
+# so the payers' rows are read from there on (the lookup table's payments_lookup_payer_idx,
+# then each payment by primary key): their future ones and whatever they have overdue,
+# never their whole history. Reading only by payer cost
 # 130 ms for a payer with 300,000 finished payments; this, 0.2 ms. The admission check
 # asks for one payer, the admin's usage page for a page of them.
 PENDING_PAYMENTS_BY_PAYER = """
-SELECT payer_id, count(*) FROM payments_scheduledpayment
- WHERE payer_id = ANY(%(payers)s::int4[]) AND status = 'SCHEDULED' AND recurring_id IS NULL
-   AND execute_at >= least(
+SELECT k.payer_id, count(*) FROM payments_paymentlookup k
+  JOIN payments_scheduledpayment p ON p.id = k.payment_id
+ WHERE k.payer_id = ANY(%(payers)s::int4[]) AND p.status = 'SCHEDULED' AND p.recurring_id IS NULL
+   AND k.execute_at >= least(
        (SELECT execute_at FROM payments_scheduledpayment
          WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL ORDER BY execute_at LIMIT 1),
        (SELECT min(execute_at) FROM payments_scheduledpayment
          WHERE status = 'SCHEDULED' AND next_attempt_at IS NOT NULL))
- GROUP BY payer_id
+ GROUP BY k.payer_id
 """
 
 # What each payer's payments take out per UTC day in [since, until): every payment not
@@ -947,9 +967,10 @@ SELECT payer_id, count(*) FROM payments_scheduledpayment
 # counts only by what it exceeds the series' amount by: the series' own reservation
 # (limits.series_reserved) already covers it. ``series``/``series_amount`` give one
 # series' amount as it is about to become (a series being changed); ``exclude`` leaves
-# one payment out (a payment being changed). Served by payments_payer_idx.
+# one payment out (a payment being changed). Served by payments_lookup_payer_idx (then
+# each payment by primary key).
 OUTFLOW_BY_PAYER_AND_DAY = """
-SELECT p.payer_id, (p.execute_at AT TIME ZONE 'UTC')::date AS day,
+SELECT k.payer_id, (k.execute_at AT TIME ZONE 'UTC')::date AS day,
        sum(CASE
              WHEN r.status IN ('ACTIVE', 'PAUSED')
               AND (p.occurrence_at AT TIME ZONE 'UTC')::date = (p.execute_at AT TIME ZONE 'UTC')::date
@@ -957,10 +978,11 @@ SELECT p.payer_id, (p.execute_at AT TIME ZONE 'UTC')::date AS day,
                                            ELSE r.amount END, 0)
              ELSE p.amount
            END) AS total
-  FROM payments_scheduledpayment p
+  FROM payments_paymentlookup k
+  JOIN payments_scheduledpayment p ON p.id = k.payment_id
   LEFT JOIN payments_recurringpayment r ON r.id = p.recurring_id
- WHERE p.payer_id = ANY(%(payers)s::int4[])
-   AND p.execute_at >= %(since)s AND p.execute_at < %(until)s
+ WHERE k.payer_id = ANY(%(payers)s::int4[])
+   AND k.execute_at >= %(since)s AND k.execute_at < %(until)s
    AND p.status NOT IN ('CANCELLED', 'FAILED')
    AND p.id <> %(exclude)s
  GROUP BY 1, 2

@@ -139,7 +139,7 @@ def partition_the_schedule(apps, schema_editor):
         oldest, now = cur.fetchone()
         month = month_of(oldest or now)
         while month <= add_months(month_of(now), MONTHS_AHEAD):
-            create_month(cur, Month(month))
+            create_month(cur, Month(month), tables=CONVERTED)
             month = add_months(month, 1)
         for table in CONVERTED:
             cur.execute(f"INSERT INTO {table} SELECT * FROM {aside[table]}")  # noqa: S608

@@ -57,7 +57,7 @@ class Command(BaseCommand):
             # The outbox too: each run adds a row per payment, and a log that grows from
             # run to run makes every later run pay for larger indexes.
             cur.execute("TRUNCATE payments_paymentevent, payments_executionattempt, payments_scheduledpayment,"
-                        " payments_startmarker, ledger_transfer, webhooks_event CASCADE")
+                        " payments_paymentlookup, payments_startmarker, ledger_transfer, webhooks_event CASCADE")
             cur.execute("ALTER TABLE ledger_transfer ENABLE TRIGGER USER")
             cur.execute("DELETE FROM ledger_account WHERE id LIKE 'acc_bench%%'")
         loader.load_accounts(accounts=opts["accounts"])
