@@ -414,13 +414,23 @@ def payment_execute_at_condition(**lookups) -> Q:
 def payment_execute_at_bounds(queryset: QuerySet) -> dict:
     """``{"first": min(execute_at), "last": max(execute_at)}`` of ``queryset``, from the
     ends of the partial indexes (a lookup or two each, no scan of the table)."""
-    bounds = [
-        arm.order_by().aggregate(first=Min("execute_at"), last=Max("execute_at"))
-        for arm in _execute_at_arms(queryset)
-    ]
+    bounds = [_arm_bounds(arm) for arm in _execute_at_arms(queryset)]
     firsts = [b["first"] for b in bounds if b["first"] is not None]
     lasts = [b["last"] for b in bounds if b["last"] is not None]
     return {"first": min(firsts, default=None), "last": max(lasts, default=None)}
+
+
+def _arm_bounds(arm: QuerySet) -> dict:
+    """One arm's min and max ``execute_at``. On the payments table alone, one aggregate,
+    which PostgreSQL answers from the index's two ends. Joined to the lookup keys (a payer
+    or account filter, or a search, decision 0011), an aggregate reads every row the join
+    yields (1.1 s each for a payer of a million payments, 5.8 s for a search all of them
+    match); the first row of each order, a walk of the index that stops at the first row
+    the join keeps, does not."""
+    if PaymentLookup._meta.db_table not in str(arm.query):  # neither joined nor in a subquery
+        return arm.order_by().aggregate(first=Min("execute_at"), last=Max("execute_at"))
+    due = arm.values_list("execute_at", flat=True)
+    return {"first": due.order_by("execute_at").first(), "last": due.order_by("-execute_at").first()}
 
 
 def _statuses_allowed(queryset: QuerySet) -> set[str] | None:
