@@ -207,12 +207,4 @@ def test_the_date_drill_downs_bounds_of_a_payers_payments_stop_at_the_index_ends
     assert bounds == ScheduledPayment.objects.filter(payer_id=bench_payer).aggregate(
         first=Min("execute_at"), last=Max("execute_at"))
     for query in ctx.captured_queries:
-        with connection.cursor() as cur:
-            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query["sql"])
-            plan = cur.fetchone()[0]
-        nodes, stack = [], [(plan if isinstance(plan, list) else __import__("json").loads(plan))[0]["Plan"]]
-        while stack:
-            node = stack.pop()
-            nodes.append(node)
-            stack.extend(node.get("Plans", []))
-        assert rows_read(nodes, "payments_scheduledpayment_p" + timezone.now().strftime("%Y%m")) <= 50, query["sql"]
+        assert rows_read(plan_nodes(query["sql"], None, analyze=True)) <= 50, query["sql"]
