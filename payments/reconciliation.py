@@ -87,8 +87,8 @@ CHECKS: dict[str, str] = {
     "pending_transfer_stale": "funds reserved for a payout for longer than DELAYPAY_RECONCILE_PENDING_SECONDS "
     "(not parked for review)",
     "clearing_mismatch": "a rail's clearing account does not hold exactly its pending reserves",
-    "webhook_events": "terminal payment without exactly one webhook event of its terminal type (or one not terminal "
-    "with such an event)",
+    "webhook_events": "terminal payment with more than one webhook event, or one not of its terminal type, or none "
+    "while its owner's endpoint was subscribed (or a payment not terminal with such an event)",
 }
 
 def reconcile(

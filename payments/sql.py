@@ -878,9 +878,15 @@ SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v
 
 
 # The webhook outbox (the webhooks app's triggers write it in the transaction of each
-# change): every EXECUTED, FAILED or CANCELLED payment has exactly one event of its
-# terminal type and no other terminal one; a payment not (yet) terminal has none. One
-# hash of the outbox's terminal events against one pass over the payments.
+# change, for an owner with an enabled endpoint subscribed to the type: webhooks/0006):
+# an EXECUTED, FAILED or CANCELLED payment has at most one event of its terminal type and
+# no other terminal one; a payment not (yet) terminal has none. A terminal payment with
+# no event is missing one when its owner has an enabled endpoint subscribed to the type
+# that has been unchanged (updated_at) since a minute before the payment finished (its
+# updated_at: the row is frozen from then on); the minute is room for an endpoint's own
+# transaction, committed after the time it records. An endpoint changed since, or
+# disabled, or deleted, proves nothing either way. One hash of the outbox's terminal
+# events and one of the subscriptions, against one pass over the payments.
 RECONCILE_WEBHOOK_EVENTS = """
 WITH w AS (
     SELECT payment_id, array_agg(type::text ORDER BY id) AS types
@@ -888,14 +894,21 @@ WITH w AS (
      WHERE payment_id IS NOT NULL AND type IN ('payment.executed', 'payment.failed', 'payment.cancelled')
        AND NOT payments_is_archived(payment_id)
      GROUP BY payment_id
+), subscribed AS (
+    SELECT owner_id, type, min(updated_at) AS since
+      FROM (SELECT owner_id, unnest(events)::text AS type, updated_at FROM webhooks_endpoint WHERE enabled) en
+     WHERE type IN ('payment.executed', 'payment.failed', 'payment.cancelled')
+     GROUP BY 1, 2
 ), v AS (
     SELECT 'webhook_events' AS name,
            coalesce(p.id, w.payment_id) || ' ' || coalesce(p.status, 'missing') || ': '
               || coalesce(array_to_string(w.types, ','), 'no event') AS subject
       FROM payments_scheduledpayment p
       FULL JOIN w ON w.payment_id = p.id
+      LEFT JOIN subscribed s ON s.owner_id = p.payer_id AND s.type = 'payment.' || lower(p.status)
      WHERE CASE WHEN p.status IN ('EXECUTED', 'FAILED', 'CANCELLED')
-                THEN w.types IS DISTINCT FROM ARRAY['payment.' || lower(p.status)]
+                THEN CASE WHEN w.types IS NULL THEN s.since < p.updated_at - interval '1 minute'
+                          ELSE w.types IS DISTINCT FROM ARRAY['payment.' || lower(p.status)] END
                 ELSE w.types IS NOT NULL END
 )
 SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name

@@ -65,7 +65,8 @@ def events_field(**kwargs):
         min_length=1,
         max_length=len(EVENT_TYPES) * 2,
         help_text="The event types to receive, at least one (no wildcard: a new type reaches nobody who did "
-        "not ask for it). Repeats count once.",
+        "not ask for it). Repeats count once. An event is written only for the changes made while an enabled "
+        "endpoint of yours lists its type: a change made before, or while the type was not listed, is never sent.",
         **kwargs,
     )
 

@@ -144,8 +144,8 @@ def webhook_lines(hooks: dict | None) -> list[str]:
         f"  ->  {_num(hooks.get('ratio_with_vs_without'), '.2f')}x"
         f" (drain {_num(run.get('drain_s'), '.2f')} s; execution lateness p50/p95/p99/max"
         f" {_lat(run.get('execution_lateness_s'))} s)",
-        f"  outbox only       {_num(hooks.get('payments_per_s_outbox_only'))} payments/s (triggers on, no endpoint,"
-        f" no webhooks process)  ->  {_num(hooks.get('ratio_outbox_only_vs_without'), '.2f')}x",
+        f"  triggers only     {_num(hooks.get('payments_per_s_outbox_only'))} payments/s (triggers on, no endpoint:"
+        f" no event written, no webhooks process)  ->  {_num(hooks.get('ratio_outbox_only_vs_without'), '.2f')}x",
         f"  delivered         {hooks.get('delivered', 0):,} of {hooks.get('events', 0):,} events"
         f" ({hooks.get('requests_received', 0):,} requests received, {hooks.get('unverified', 0)} unverified,"
         f" {hooks.get('incomplete', 0)} cut short by the sender,"

@@ -236,7 +236,8 @@ def wal_position() -> int:
 
 def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str = "delaypay") -> dict:
     """delaypay on the real stack: load, wait for the due instant, drain, measure, check.
-    ``variant``: "delaypay" as deployed with no endpoint (events stay in the outbox);
+    ``variant``: "delaypay" as deployed with no endpoint (the triggers ask for a
+    subscriber and write no event: webhooks/0006);
     "no-outbox" with the outbox triggers disabled; "webhooks" with an endpoint for every
     payment's payer, the webhooks process and a receiver, and the delivery figures."""
     from . import webhooks
@@ -437,9 +438,9 @@ def run_drain(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
         # The baseline is the engine without the outbox; the run that counts has it all.
         opts.say("  without webhooks: the outbox triggers disabled")
         delaypay = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir, variant="no-outbox")
-        # The executor's own cost of the outbox (its rows written in the batch's transaction),
-        # without the dispatcher and the receiver taking cores from the workers meanwhile.
-        opts.say("  with the outbox only: the triggers on, no endpoint, no webhooks process")
+        # The executor's own cost of the triggers when nobody listens (the subscription test,
+        # no row: webhooks/0006), without the dispatcher and the receiver taking cores.
+        opts.say("  with the triggers only: on, no endpoint (no event written), no webhooks process")
         outbox_only = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir, variant="delaypay")
         opts.say("  with webhooks: one endpoint for every event, the webhooks process, a loopback receiver")
         with_hooks = drain_delaypay(opts, redis_url=redis_url, log_dir=log_dir, variant="webhooks")

@@ -26,9 +26,15 @@ def endpoint_for(user, url: str, types=(events.PAYMENT_EXECUTED,), **kwargs) -> 
 
 
 def executed_payment(amount: int = 5):
+    """A payment executed, and its payment.executed event in the outbox, not fanned out yet.
+    The outbox writes an event only for an owner with an enabled endpoint subscribed to its
+    type (webhooks/0006): a listener endpoint is there for the execution and gone before the
+    test makes its own endpoints, so the fan-out reaches exactly those."""
     a, b = funded_account(balance=100), funded_account()
     payment = due_payment(source=a, target=b, amount=amount)
+    listener = endpoint_for(a.owner, "https://listener.example.com/hook")
     assert execute_batch(pairs=claimed(payment)).executed == [payment.id]
+    listener.delete()
     return payment
 
 
@@ -100,8 +106,8 @@ def test_a_delivery_is_signed_per_standard_webhooks_and_says_what_the_api_says(r
 def test_a_failed_payment_carries_its_failure_reason(receiver):
     a, b = funded_account(balance=1), funded_account()
     payment = due_payment(source=a, target=b, amount=50)
-    execute_batch(pairs=claimed(payment))
     endpoint = endpoint_for(a.owner, receiver.url, types=[events.PAYMENT_FAILED])
+    execute_batch(pairs=claimed(payment))
     dispatch_once()
     payload = verify(endpoint.secret, receiver.requests[0])
     assert (payload["type"], payload["data"]["status"]) == ("payment.failed", "FAILED")
@@ -341,8 +347,8 @@ def test_deliveries_of_one_batch_run_concurrently(receiver, settings):
     receiver.answer = slow
     a, b = funded_account(balance=100), funded_account()
     payments = [due_payment(source=a, target=b, amount=1) for _ in range(8)]
-    execute_batch(pairs=claimed(*payments))
     endpoint_for(a.owner, receiver.url)
+    execute_batch(pairs=claimed(*payments))
     started = time.monotonic()
     assert dispatch_once().succeeded == 8
     assert time.monotonic() - started < 1.5  # not 8 x 0.3 s
@@ -377,8 +383,8 @@ def test_concurrent_dispatchers_deliver_each_event_once(receiver, settings):
     receiver.answer = slow
     a, b = funded_account(balance=100), funded_account()
     payments = [due_payment(source=a, target=b, amount=1) for _ in range(20)]
-    execute_batch(pairs=claimed(*payments))
     endpoint_for(a.owner, receiver.url)
+    execute_batch(pairs=claimed(*payments))
     results = run_concurrently(*[lambda: dispatcher.dispatch(budget_seconds=10) for _ in range(3)])
     assert sum(r.succeeded for r in results) == 20
     ids = [json.loads(r.body)["data"]["payment_id"] for r in receiver.requests]

@@ -49,12 +49,12 @@ def test_backlog_and_oldest_due_age(settings):
     }
     a, b = funded_account(balance=100), funded_account()
     payments = [due_payment(source=a, target=b, amount=1) for _ in range(2)]
+    Endpoint.objects.create(owner=a.owner, url="https://example.com/hook", events=["payment.executed"])
     execute_batch(pairs=claimed(*payments))
     Event.objects.update(created_at=Now() - timedelta(seconds=400))
     readings = gauges()
     assert readings["delaypay_webhook_outbox_backlog"] == 2
     assert 399 <= readings["delaypay_webhook_oldest_undelivered_age_seconds"] < 500
-    Endpoint.objects.create(owner=a.owner, url="https://example.com/hook", events=["payment.executed"])
     fan_out()
     Delivery.objects.update(next_attempt_at=Now() + timedelta(hours=1))  # waiting on the ladder: not late
     assert gauges() == {

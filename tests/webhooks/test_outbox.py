@@ -1,9 +1,11 @@
-"""The outbox triggers: an event row in the transaction of each webhook-worthy change."""
+"""The outbox triggers: an event row in the transaction of each webhook-worthy change, for an
+owner with an enabled endpoint subscribed to its type (webhooks/0006)."""
 
 import re
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -14,16 +16,28 @@ from payments.series import recurring_create, recurring_end, recurring_pause, re
 from payments.services import payment_cancel, payment_update
 from tests.factories import claimed, due_payment, funded_account, future_payment, parked_payment
 from webhooks import events
-from webhooks.models import Event
+from webhooks.models import Endpoint, Event
+
+User = get_user_model()
 
 
 def types_of(**filters) -> list[str]:
     return list(Event.objects.filter(**filters).order_by("id").values_list("type", flat=True))
 
 
+def subscribe(owner, types=events.EVENT_TYPES, **kwargs) -> Endpoint:
+    return Endpoint.objects.create(owner=owner, url="https://example.com/hook", events=list(types), **kwargs)
+
+
+def subscribed_account(**kwargs):
+    account = funded_account(**kwargs)
+    subscribe(account.owner)
+    return account
+
+
 @pytest.mark.django_db
 def test_an_executor_batch_writes_one_event_per_payment_in_one_statement():
-    a, b = funded_account(balance=100), funded_account()
+    a, b = subscribed_account(balance=100), funded_account()
     paid = [due_payment(source=a, target=b, amount=30) for _ in range(3)]
     short = due_payment(source=a, target=b, amount=1000)
     result = execute_batch(pairs=claimed(*paid, short))
@@ -42,8 +56,44 @@ def test_an_executor_batch_writes_one_event_per_payment_in_one_statement():
 
 
 @pytest.mark.django_db
-def test_claims_and_creations_write_no_event():
+def test_only_an_owner_with_an_enabled_endpoint_subscribed_to_the_type_gets_an_event():
+    # Each payer below lacks one of the three conditions, except the last.
+    cases = {
+        "no endpoint": lambda owner: None,
+        "another type": lambda owner: subscribe(owner, types=[events.PAYMENT_FAILED]),
+        "disabled": lambda owner: subscribe(owner, enabled=False),
+        "another owner's": lambda owner: subscribe(funded_account().owner),
+        "subscribed": lambda owner: subscribe(owner, types=[events.PAYMENT_EXECUTED]),
+    }
+    payments = {}
+    for case, setup in cases.items():
+        a, b = funded_account(balance=100), funded_account()
+        setup(a.owner)
+        payments[case] = due_payment(source=a, target=b, amount=1)
+    result = execute_batch(pairs=claimed(*payments.values()))
+    assert len(result.executed) == len(cases)  # the money moves whoever listens
+    assert {case: types_of(payment_id=p.id) for case, p in payments.items()} == {
+        **{case: [] for case in cases}, "subscribed": [events.PAYMENT_EXECUTED],
+    }
+
+
+@pytest.mark.django_db
+def test_a_series_event_needs_a_subscriber_too():
     a, b = funded_account(balance=100), funded_account()
+    rec = recurring_create(
+        payer=a.owner, from_account_id=a.id, to_account_id=b.id, amount=5,
+        start_at=timezone.now() + timedelta(hours=1), interval="P1D",
+    )  # fmt: skip
+    recurring_pause(recurring_id=rec.id, actor=a.owner)
+    subscribe(a.owner, types=[events.RECURRING_RESUMED])
+    recurring_resume(recurring_id=rec.id, actor=a.owner)
+    recurring_end(recurring_id=rec.id, actor=a.owner)
+    assert types_of(recurring_id=rec.id) == [events.RECURRING_RESUMED]
+
+
+@pytest.mark.django_db
+def test_claims_and_creations_write_no_event():
+    a, b = subscribed_account(balance=100), funded_account()
     payment = due_payment(source=a, target=b, amount=1)
     claimed(payment)
     assert not Event.objects.exists()
@@ -51,7 +101,7 @@ def test_claims_and_creations_write_no_event():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_rolled_back_change_writes_no_event():
-    a, b = funded_account(balance=100), funded_account()
+    a, b = subscribed_account(balance=100), funded_account()
     payment = future_payment(source=a, target=b)
     with pytest.raises(RuntimeError), transaction.atomic():
         payment_cancel(payment_id=payment.id, actor=a.owner)
@@ -64,7 +114,7 @@ def test_a_rolled_back_change_writes_no_event():
 
 @pytest.mark.django_db
 def test_cancel_and_reschedule():
-    a, b = funded_account(balance=100), funded_account()
+    a, b = subscribed_account(balance=100), funded_account()
     payment = future_payment(source=a, target=b)
     payment_update(payment_id=payment.id, actor=a.owner, amount=7)
     payment_cancel(payment_id=payment.id, actor=a.owner)
@@ -76,7 +126,7 @@ def test_cancel_and_reschedule():
 
 @pytest.mark.django_db
 def test_park_writes_needs_review(settings):
-    a, b = funded_account(balance=100), funded_account()
+    a, b = subscribed_account(balance=100), funded_account()
     payment = parked_payment(settings, source=a, target=b)
     (event,) = Event.objects.filter(payment_id=payment.id)
     assert (event.type, event.snapshot["status"]) == (events.PAYMENT_NEEDS_REVIEW, "NEEDS_REVIEW")
@@ -84,7 +134,7 @@ def test_park_writes_needs_review(settings):
 
 @pytest.mark.django_db
 def test_pause_resume_end_of_a_series():
-    a, b = funded_account(balance=100), funded_account()
+    a, b = subscribed_account(balance=100), funded_account()
     rec = recurring_create(
         payer=a.owner,
         from_account_id=a.id,
@@ -112,13 +162,14 @@ def test_the_triggers_map_kinds_as_events_py_says():
     migration = import_module("webhooks.migrations.0002_outbox_triggers")
     pairs = dict(re.findall(r"WHEN '(\w+)' THEN '(payment\.\w+)'", migration.TRIGGERS))
     assert pairs == events.PAYMENT_KIND_TO_TYPE
-    # Migration 0003 replaced the payment trigger's function: the same map, and no
-    # snapshot for exactly the terminal types.
-    replaced = import_module("webhooks.migrations.0003_terminal_events_read_the_frozen_row").PAYMENT_OUTBOX
-    assert dict(re.findall(r"WHEN '(\w+)' THEN '(payment\.\w+)'", replaced)) == events.PAYMENT_KIND_TO_TYPE
-    (no_snapshot,) = re.findall(r"CASE WHEN e\.kind IN \(([^)]*)\) THEN NULL", replaced)
-    assert {events.PAYMENT_KIND_TO_TYPE[k] for k in re.findall(r"'(\w+)'", no_snapshot)} == set(
-        events.TERMINAL_STATUS_TO_TYPE.values())
+    # Migrations 0003 and 0006 replaced the payment trigger's function: the same map, and
+    # no snapshot for exactly the terminal types.
+    for name in ("0003_terminal_events_read_the_frozen_row", "0006_outbox_only_for_subscribers"):
+        replaced = import_module(f"webhooks.migrations.{name}").PAYMENT_OUTBOX
+        assert dict(re.findall(r"WHEN '(\w+)' THEN '(payment\.\w+)'", replaced)) == events.PAYMENT_KIND_TO_TYPE
+        (no_snapshot,) = re.findall(r"CASE WHEN e\.kind IN \(([^)]*)\) THEN NULL", replaced)
+        assert {events.PAYMENT_KIND_TO_TYPE[k] for k in re.findall(r"'(\w+)'", no_snapshot)} == set(
+            events.TERMINAL_STATUS_TO_TYPE.values())
     assert set(events.PAYMENT_KIND_TO_TYPE) <= set(PaymentEvent.Kind.values)
     payment_kinds, recurring_kinds = re.findall(r"e\.kind IN \(([^)]*)\)", migration.TRIGGERS)
     assert set(re.findall(r"'(\w+)'", payment_kinds)) == set(events.PAYMENT_KIND_TO_TYPE)
@@ -194,6 +245,8 @@ def test_the_payment_outbox_looks_each_payment_up_by_primary_key(empty_firing_fi
     # form rescanned the whole array for each event, O(batch squared) (webhooks/0005).
     loader.load_accounts(accounts=50)
     loader.load_payments(payments=3000, accounts=50, due_at=timezone.now() - timedelta(seconds=1))
+    for payer_id in ScheduledPayment.objects.values_list("payer_id", flat=True).distinct():
+        subscribe(User.objects.get(pk=payer_id), types=[events.PAYMENT_EXECUTED])
     with connection.cursor() as cur:
         cur.execute("SELECT id FROM payments_scheduledpayment ORDER BY id LIMIT 1000")
         ids = [row[0] for row in cur.fetchall()]
@@ -202,5 +255,7 @@ def test_the_payment_outbox_looks_each_payment_up_by_primary_key(empty_firing_fi
     assert seq_tuples_read_of_payments() == before
     assert Event.objects.filter(type=events.PAYMENT_EXECUTED).count() == 1000
     assert "Nested Loop" in plan and "Index Cond: ((id)::text = (e.payment_id)::text)" in plan, plan
-    for wrong in ("Hash Join", "Merge Join", "Seq Scan on payments_scheduledpayment", "(id)::text = ANY"):
+    assert "Index Scan using webhooks_endpoint_owner_idx" in plan, plan  # the subscription: one probe an event
+    for wrong in ("Hash Join", "Merge Join", "Seq Scan on payments_scheduledpayment", "(id)::text = ANY",
+                  "Seq Scan on webhooks_endpoint"):
         assert wrong not in plan, plan

@@ -1,19 +1,25 @@
-"""Reconciliation of the outbox: every terminal payment has exactly one event of its type."""
+"""Reconciliation of the outbox: a terminal payment has at most one event, of its type, and
+has it when its owner's endpoint was subscribed to that type before it finished."""
+
+from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.db.models.functions import Now
 
 from payments.execution import execute_batch
 from payments.reconciliation import reconcile
 from payments.services import payment_cancel
 from tests.factories import claimed, due_payment, funded_account, future_payment
-from webhooks.models import Event
+from webhooks import events
+from webhooks.models import Endpoint, Event
 
 pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def finished():
     a, b = funded_account(balance=100), funded_account()
+    Endpoint.objects.create(owner=a.owner, url="https://example.com/hook", events=list(events.EVENT_TYPES))
     executed = due_payment(source=a, target=b, amount=10)
     failed = due_payment(source=a, target=b, amount=1000)
     execute_batch(pairs=claimed(executed, failed))
@@ -31,11 +37,35 @@ def test_every_terminal_payment_has_its_event(finished):
     assert webhook_check().ok
 
 
+def subscribed_since(minutes: float, **changes) -> None:
+    """The payer's endpoint unchanged since ``minutes`` before the payments finished (a test's
+    transaction has one now(): the payments' updated_at)."""
+    Endpoint.objects.update(updated_at=Now() - timedelta(minutes=minutes), **changes)
+
+
 def test_a_missing_event_is_reported(finished):
+    subscribed_since(2)
     Event.objects.filter(payment_id=finished["executed"].id).delete()
     check = webhook_check()
     assert check.violations == 1
     assert check.samples == [f"{finished['executed'].id} EXECUTED: no event"]
+
+
+@pytest.mark.parametrize("changes", [
+    {"minutes": 0.5},  # changed within the minute before: its transaction may have committed after
+    {"minutes": 2, "enabled": False},
+    {"minutes": 2, "events": [events.PAYMENT_CANCELLED]},  # not the missing event's type
+])
+def test_no_event_is_owed_without_a_subscription_older_than_the_payment(finished, changes):
+    subscribed_since(**changes)
+    Event.objects.filter(payment_id=finished["executed"].id).delete()
+    assert webhook_check().ok
+
+
+def test_no_event_is_owed_to_an_owner_without_an_endpoint(finished):
+    Endpoint.objects.all().delete()
+    Event.objects.filter(payment_id=finished["executed"].id).delete()
+    assert webhook_check().ok
 
 
 def test_a_duplicate_or_wrong_event_is_reported(finished):
