@@ -58,7 +58,7 @@ from payments.models import Payee, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
 from payments.services import db_now, payment_cancel
 from payments.settlement import reconcile_settlement
-from payments.tasks import execute_batch
+from payments.tasks import execute_batch, execute_payouts
 from rails.base import close_rails
 from webhooks.events import EVENT_TYPES
 from webhooks.models import Endpoint
@@ -533,12 +533,14 @@ class Injector:
     def _redeliver(self, fault: Fault) -> bool:
         """What an at-least-once broker does on a bad day: deliver recently claimed
         payments again, each current attempt twice at once and each superseded attempt
-        late. Exactly-once must make every one of these change nothing."""
+        late, on the queue they were claimed for (internal payments to the executor,
+        payouts to the payouts worker). Exactly-once must make every one of these change
+        nothing. (A message on the wrong queue is tested apart: tests/payments/test_payouts.py.)"""
         rng = random.Random(fault.target)
         try:
             with psycopg.connect(self.pg.dsn, autocommit=True) as conn:
                 recent = conn.execute(
-                    "SELECT id, attempt FROM payments_scheduledpayment WHERE attempt > 0"
+                    "SELECT id, attempt, rail <> '' FROM payments_scheduledpayment WHERE attempt > 0"
                     " ORDER BY claimed_at DESC, id LIMIT 300"
                 ).fetchall()
         except psycopg.Error:
@@ -546,19 +548,21 @@ class Injector:
         if not recent:
             return False
         chosen = rng.sample(recent, min(60, len(recent)))
-        current = [[pid, attempt] for pid, attempt in chosen]
-        stale = [[pid, attempt - 1] for pid, attempt in chosen if attempt > 1]
-        messages = [current[i:i + 10] for i in range(0, len(current), 10)]
-        messages = [m for m in messages for _ in range(2)] + [[pair] for pair in stale]
+        messages = []
+        for task, payout in ((execute_batch, False), (execute_payouts, True)):
+            current = [[pid, attempt] for pid, attempt, is_payout in chosen if is_payout == payout]
+            stale = [[pid, attempt - 1] for pid, attempt in current if attempt > 1]
+            batches = [current[i:i + 10] for i in range(0, len(current), 10)]
+            messages += [(task, m) for m in batches for _ in range(2)] + [(task, [pair]) for pair in stale]
         try:
             with execute_batch.app.connection_for_write(self.redis.url) as conn:
                 producer = execute_batch.app.amqp.Producer(conn)
-                for pairs in messages:
-                    execute_batch.apply_async(args=[pairs], producer=producer, retry=False)
+                for task, pairs in messages:
+                    task.apply_async(args=[pairs], producer=producer, retry=False)
         except Exception as exc:  # Redis is down: nothing was (re)delivered
             self.note(f"        redeliver failed: {type(exc).__name__}: {exc}")
             return False
-        self.figures.redelivered += sum(len(m) for m in messages)
+        self.figures.redelivered += sum(len(m) for _, m in messages)
         return True
 
     def _busy_worker(self, *, timeout: float) -> str | None:

@@ -314,6 +314,9 @@ COUNT_IN_FLIGHT = (
 # in-flight rows: O(in-flight) per batch instead of O(batch). ``tries`` here is the
 # counted tries plus the current attempt's start (its marker, MARK_STARTED), which the
 # CAS counts in the row when the attempt ends (docs/decisions/0008-start-markers-off-the-row.md).
+# Internal payments only (rail = ''): a payout's pair that reached this executor (a message
+# on the wrong queue) is not its to work; it stays stale here, and INSERT_STALE_ATTEMPTS
+# leaves its current attempt to the payouts executor (payments/payouts.py).
 _LOCK_FENCED_TEMPLATE = """
 SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
        coalesce(p.execute_at + p.expires_after < now(), false) AS expired,
@@ -321,7 +324,7 @@ SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_
   FROM payments_scheduledpayment p
   JOIN unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
     ON m.id = p.id AND m.attempt = p.attempt AND m.status = p.status
- WHERE p.id = ANY(%(ids)s::text[])
+ WHERE p.id = ANY(%(ids)s::text[]) AND p.rail = ''
  ORDER BY p.id
    FOR NO KEY UPDATE OF p
 """
@@ -362,12 +365,16 @@ SELECT v.id, v.kind, 'EXECUTING', v.status, v.attempt, %s, v.data::jsonb, now()
 
 
 # A stale (payment, attempt) is recorded once, changing nothing else; %s: started_at,
-# worker, ids, attempts.
+# worker, ids, attempts. Not a pair whose attempt is still the one in flight: that pair
+# was not stale but another executor's (an internal payment's on the payouts queue, or a
+# payout's on the execute queue), and a row under its attempt now would stand in for the
+# outcome that executor records (ON CONFLICT DO NOTHING would drop it).
 INSERT_STALE_ATTEMPTS = """
 INSERT INTO payments_executionattempt (payment_id, attempt, started_at, finished_at, worker, outcome, error)
 SELECT p.id, m.attempt, %s, now(), %s, 'stale', 'attempt superseded or payment already finished'
   FROM unnest(%s::text[], %s::int[]) AS m(id, attempt)
   JOIN payments_scheduledpayment p ON p.id = m.id
+ WHERE NOT (p.status = 'EXECUTING' AND p.attempt = m.attempt)
 ON CONFLICT (payment_id, attempt) DO NOTHING
 """
 

@@ -215,3 +215,37 @@ def test_a_rail_that_refuses_connections_costs_no_try(rail_gateway, settings):
     assert (payout.status, payout.tries) == ("EXECUTING", 0)
     assert balance("acc_sandbox_clearing") == 120  # reserved until the rail answers
     assert_clean()
+
+
+def test_a_message_on_the_wrong_queue_changes_nothing(rail_gateway):
+    """A payout's claim delivered to the internal executor, and an internal payment's to
+    the payouts worker (a misrouted or replayed message): neither executor fences the
+    other's payment, neither records an attempt under its current attempt, and each
+    payment is then worked by its own executor as if nothing had happened."""
+    from payments.models import ExecutionAttempt
+    from payments.worker import run_batch
+
+    source, target = funded_account(balance=500), funded_account()
+    payout = due_payout(source=source, payee=payee_for(source.owner), amount=120)
+    internal = due_payment(source=source, target=target, amount=30)
+    (payout_pair,) = claim()
+    (internal_pair,) = [pair for pair in promoter.claim_due(batch=10, lease_seconds=60).fresh]
+
+    assert run_batch([payout_pair], worker="wrong-queue").stale == [payout_pair]
+    assert run_payout_batch([internal_pair], worker="wrong-queue").stale == [internal_pair]
+    for payment, pair in ((payout, payout_pair), (internal, internal_pair)):
+        row = ScheduledPayment.objects.get(pk=payment.pk)
+        assert (row.status, row.attempt) == ("EXECUTING", pair[1])
+    assert not ExecutionAttempt.objects.exists()
+
+    assert run_payout_batch([payout_pair], worker="test").executed == [payout.id]
+    assert run_batch([internal_pair], worker="test").executed == [internal.id]
+    assert sorted(ExecutionAttempt.objects.values_list("payment_id", "outcome")) == sorted(
+        [(payout.id, "executed"), (internal.id, "executed")]
+    )
+    assert balance(source.id) == 500 - 120 - 30
+    # What the wrong queue does cost: its start is counted by the other kind's mechanism as
+    # well (a start marker for the payout, the in-row count for the internal payment), so
+    # each attempt counts as two tries of its budget (DELAYPAY_MAX_ATTEMPTS).
+    assert [ScheduledPayment.objects.get(pk=p.pk).tries for p in (payout, internal)] == [2, 2]
+    assert_clean()
