@@ -169,3 +169,12 @@ def work_payouts(batch: int = 100):
 
     pairs = claim_payouts(batch)
     return run_payout_batch(pairs, worker="test") if pairs else None
+
+
+def webhook_endpoint(owner, *, types=None, url: str = "https://example.com/hook", **kwargs):
+    """An endpoint of ``owner`` subscribed to ``types`` (default: every event type), written
+    directly. The outbox writes an event only for such an owner (webhooks/0006)."""
+    from webhooks.events import EVENT_TYPES
+    from webhooks.models import Endpoint
+
+    return Endpoint.objects.create(owner=owner, url=url, events=list(EVENT_TYPES if types is None else types), **kwargs)

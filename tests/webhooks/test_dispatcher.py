@@ -14,7 +14,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from payments.execution import execute_batch
 from payments.series import recurring_create, recurring_pause
 from tests.conftest import client_for
-from tests.factories import UserFactory, claimed, due_payment, funded_account, future_payment
+from tests.factories import UserFactory, claimed, due_payment, funded_account, future_payment, webhook_endpoint
 from webhooks import dispatcher, events
 from webhooks.dispatcher import claim_deliveries, dispatch_once, fan_out
 from webhooks.models import Delivery, DeliveryAttempt, Endpoint, Event, new_secret
@@ -22,7 +22,7 @@ from webhooks.services import delivery_resend
 
 
 def endpoint_for(user, url: str, types=(events.PAYMENT_EXECUTED,), **kwargs) -> Endpoint:
-    return Endpoint.objects.create(owner=user, url=url, events=list(types), **kwargs)
+    return webhook_endpoint(user, url=url, types=types, **kwargs)
 
 
 def executed_payment(amount: int = 5):

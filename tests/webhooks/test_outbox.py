@@ -14,9 +14,9 @@ from payments.execution import execute_batch
 from payments.models import PaymentEvent, RecurringEvent, ScheduledPayment
 from payments.series import recurring_create, recurring_end, recurring_pause, recurring_resume
 from payments.services import payment_cancel, payment_update
-from tests.factories import claimed, due_payment, funded_account, future_payment, parked_payment
+from tests.factories import claimed, due_payment, funded_account, future_payment, parked_payment, webhook_endpoint
 from webhooks import events
-from webhooks.models import Endpoint, Event
+from webhooks.models import Event
 
 User = get_user_model()
 
@@ -25,13 +25,9 @@ def types_of(**filters) -> list[str]:
     return list(Event.objects.filter(**filters).order_by("id").values_list("type", flat=True))
 
 
-def subscribe(owner, types=events.EVENT_TYPES, **kwargs) -> Endpoint:
-    return Endpoint.objects.create(owner=owner, url="https://example.com/hook", events=list(types), **kwargs)
-
-
 def subscribed_account(**kwargs):
     account = funded_account(**kwargs)
-    subscribe(account.owner)
+    webhook_endpoint(account.owner)
     return account
 
 
@@ -60,10 +56,10 @@ def test_only_an_owner_with_an_enabled_endpoint_subscribed_to_the_type_gets_an_e
     # Each payer below lacks one of the three conditions, except the last.
     cases = {
         "no endpoint": lambda owner: None,
-        "another type": lambda owner: subscribe(owner, types=[events.PAYMENT_FAILED]),
-        "disabled": lambda owner: subscribe(owner, enabled=False),
-        "another owner's": lambda owner: subscribe(funded_account().owner),
-        "subscribed": lambda owner: subscribe(owner, types=[events.PAYMENT_EXECUTED]),
+        "another type": lambda owner: webhook_endpoint(owner, types=[events.PAYMENT_FAILED]),
+        "disabled": lambda owner: webhook_endpoint(owner, enabled=False),
+        "another owner's": lambda owner: webhook_endpoint(funded_account().owner),
+        "subscribed": lambda owner: webhook_endpoint(owner, types=[events.PAYMENT_EXECUTED]),
     }
     payments = {}
     for case, setup in cases.items():
@@ -85,7 +81,7 @@ def test_a_series_event_needs_a_subscriber_too():
         start_at=timezone.now() + timedelta(hours=1), interval="P1D",
     )  # fmt: skip
     recurring_pause(recurring_id=rec.id, actor=a.owner)
-    subscribe(a.owner, types=[events.RECURRING_RESUMED])
+    webhook_endpoint(a.owner, types=[events.RECURRING_RESUMED])
     recurring_resume(recurring_id=rec.id, actor=a.owner)
     recurring_end(recurring_id=rec.id, actor=a.owner)
     assert types_of(recurring_id=rec.id) == [events.RECURRING_RESUMED]
@@ -246,7 +242,7 @@ def test_the_payment_outbox_looks_each_payment_up_by_primary_key(empty_firing_fi
     loader.load_accounts(accounts=50)
     loader.load_payments(payments=3000, accounts=50, due_at=timezone.now() - timedelta(seconds=1))
     for payer_id in ScheduledPayment.objects.values_list("payer_id", flat=True).distinct():
-        subscribe(User.objects.get(pk=payer_id), types=[events.PAYMENT_EXECUTED])
+        webhook_endpoint(User.objects.get(pk=payer_id), types=[events.PAYMENT_EXECUTED])
     with connection.cursor() as cur:
         cur.execute("SELECT id FROM payments_scheduledpayment ORDER BY id LIMIT 1000")
         ids = [row[0] for row in cur.fetchall()]

@@ -10,7 +10,7 @@ from django.db.models.functions import Now
 from payments.execution import execute_batch
 from payments.reconciliation import reconcile
 from payments.services import payment_cancel
-from tests.factories import claimed, due_payment, funded_account, future_payment
+from tests.factories import claimed, due_payment, funded_account, future_payment, webhook_endpoint
 from webhooks import events
 from webhooks.models import Endpoint, Event
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def finished():
     a, b = funded_account(balance=100), funded_account()
-    Endpoint.objects.create(owner=a.owner, url="https://example.com/hook", events=list(events.EVENT_TYPES))
+    webhook_endpoint(a.owner)
     executed = due_payment(source=a, target=b, amount=10)
     failed = due_payment(source=a, target=b, amount=1000)
     execute_batch(pairs=claimed(executed, failed))
