@@ -24,6 +24,9 @@ batch that subclass was a tenth of a worker's busy time (``py-spy`` of
 to UTC, and psycopg gives a UTC session's values ``datetime.timezone.utc``, as Django
 does (``bound_cursor`` refuses a connection whose session is in another zone).
 
+Its statements are also prepared on the server (``PreparingCursor``, decision 0013): each
+is parsed once per connection, and PostgreSQL may keep one generic plan for it.
+
 Only statements written for it: the ``%s``/``%(name)s`` placeholders of the modules' SQL
 are psycopg's, which both bindings read the same way, but a placeholder inside a literal
 or in a utility statement (``SET``) works with client-side binding only.
@@ -87,12 +90,35 @@ class FastListDumper(ListDumper):
         return super().dump(obj)
 
 
+class PreparingCursor(psycopg.Cursor):
+    """A cursor whose statements are prepared on the server at their first run on a
+    connection and executed by name after: no parse, and after five runs PostgreSQL may
+    keep one generic plan instead of planning each batch (planning was 6.5 % of the
+    database's CPU in a burst; docs/explanation/performance.md, "Issue 17, the seventh
+    stop"). psycopg keeps the names per connection (at most ``prepared_max``, the least
+    recently used dropped); PostgreSQL plans again after DDL on a table a statement reads.
+    Only for the statements ``bound_cursor`` runs: set-based, written for it, the same
+    text every batch."""
+
+    def execute(self, query, params=None, *, prepare=None, binary=None):
+        return super().execute(query, params, prepare=True if prepare is None else prepare, binary=binary)
+
+
+# psycopg prepares nothing on a connection whose threshold is None (Django's default); a
+# threshold no statement reaches lets PreparingCursor's statements be prepared and leaves
+# every other statement as it was (Django's cursors bind on the client and never prepare).
+_PREPARE_ONLY_WHEN_ASKED = 2**31
+
+
 def bound_cursor() -> CursorWrapper:
-    """A cursor of the default connection with server-side binding (use it as ``with``)."""
+    """A cursor of the default connection with server-side binding and prepared
+    statements (use it as ``with``)."""
     connection.ensure_connection()
     if connection.timezone is not UTC:
         raise RuntimeError(f"bound_cursor reads timestamps as UTC; the connection's zone is {connection.timezone}")
-    cursor = psycopg.Cursor(connection.connection)
+    if connection.connection.prepare_threshold is None:
+        connection.connection.prepare_threshold = _PREPARE_ONLY_WHEN_ASKED
+    cursor = PreparingCursor(connection.connection)
     cursor.adapters.register_dumper(list, FastListDumper)
     cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
     return CursorWrapper(cursor, connection)

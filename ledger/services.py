@@ -63,6 +63,26 @@ class AccountStateError(ValueError):
     pass
 
 
+_CLOSED, _FROZEN, _USER = Account.Status.CLOSED.value, Account.Status.FROZEN.value, Account.Kind.USER.value
+
+
+@dataclass(slots=True)
+class _Balance:
+    """An account as one batch's decision sees it: its state, and its balance as the
+    postings decided so far leave it."""
+
+    closed: bool
+    frozen: bool
+    user: bool  # a user account may not go below zero; system accounts may
+    balance: int
+
+
+# The refusals, immutable and the same for every posting refused so.
+_REFUSED_CLOSED = PostResult(Outcome.ACCOUNT_CLOSED, None)
+_REFUSED_FROZEN = PostResult(Outcome.ACCOUNT_FROZEN, None)
+_REFUSED_FUNDS = PostResult(Outcome.INSUFFICIENT_FUNDS, None)
+
+
 def _check_postings(postings: Sequence[Posting]) -> None:
     if not connection.in_atomic_block:
         raise RuntimeError("the ledger's batch services must run inside transaction.atomic()")
@@ -78,7 +98,13 @@ def _decide(cur, postings: Sequence[Posting], *, lock: bool):
     account_ids = sorted({p.debit_account_id for p in postings} | {p.credit_account_id for p in postings})
     keys = [p.key for p in postings]
     cur.execute(sql.LOCK_ACCOUNTS if lock else sql.READ_ACCOUNTS, [account_ids])
-    accounts = {row[0]: {"kind": row[1], "status": row[2], "balance": row[3]} for row in cur.fetchall()}
+    # Each account's state as plain values, compared once here rather than against the
+    # choices' enum members once per posting (py-spy of the executor: a fifth of its
+    # Python time went to those comparisons in batches of 1,000).
+    accounts = {
+        row[0]: _Balance(closed=row[2] == _CLOSED, frozen=row[2] == _FROZEN, user=row[1] == _USER, balance=row[3])
+        for row in cur.fetchall()
+    }
     missing = set(account_ids) - accounts.keys()
     if missing:
         raise UnknownAccount(", ".join(sorted(missing)))
@@ -89,6 +115,7 @@ def _decide(cur, postings: Sequence[Posting], *, lock: bool):
     now = cur.fetchone()[0]
 
     results: dict[str, PostResult] = {}
+    applied = PostResult(Outcome.APPLIED, now)  # immutable: one instance for the batch
     deltas: dict[str, int] = {}
     new_transfers: list[Posting] = []
     for p in postings:
@@ -102,19 +129,19 @@ def _decide(cur, postings: Sequence[Posting], *, lock: bool):
             )
             continue
         debit, credit = accounts[p.debit_account_id], accounts[p.credit_account_id]
-        if debit["status"] == Account.Status.CLOSED or credit["status"] == Account.Status.CLOSED:
-            results[p.key] = PostResult(Outcome.ACCOUNT_CLOSED, None)
-        elif debit["status"] == Account.Status.FROZEN:
-            results[p.key] = PostResult(Outcome.ACCOUNT_FROZEN, None)
-        elif debit["kind"] == Account.Kind.USER and debit["balance"] < p.amount:
-            results[p.key] = PostResult(Outcome.INSUFFICIENT_FUNDS, None)
+        if debit.closed or credit.closed:
+            results[p.key] = _REFUSED_CLOSED
+        elif debit.frozen:
+            results[p.key] = _REFUSED_FROZEN
+        elif debit.user and debit.balance < p.amount:
+            results[p.key] = _REFUSED_FUNDS
         else:
-            debit["balance"] -= p.amount
-            credit["balance"] += p.amount
+            debit.balance -= p.amount
+            credit.balance += p.amount
             deltas[p.debit_account_id] = deltas.get(p.debit_account_id, 0) - p.amount
             deltas[p.credit_account_id] = deltas.get(p.credit_account_id, 0) + p.amount
             new_transfers.append(p)
-            results[p.key] = PostResult(Outcome.APPLIED, now)
+            results[p.key] = applied
     return results, deltas, new_transfers
 
 

@@ -11,7 +11,9 @@ from django.utils import timezone
 from devtools.bench import loader
 from payments import sql
 from payments.execution import fence_params
+from payments.models import ScheduledPayment as Payment
 from payments.promoter import FairWalk, Shard, claim_due, claim_params
+from payments.worker import run_batch
 
 pytestmark = pytest.mark.django_db
 
@@ -73,6 +75,72 @@ def test_fence_and_cas_look_payments_up_by_primary_key_under_stale_statistics():
         for _node_type, index in scans:
             assert index != "payments_lease_idx", "a scan of every in-flight payment"
 
+
+
+def prepared(fragment: str, *, without: str = "") -> str:
+    """The name under which this connection prepared the statement containing ``fragment``
+    (and not ``without``): common.db.bound_cursor prepares every statement it runs."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE %s AND statement NOT LIKE %s",
+                    [f"%{fragment}%", f"%{without}%" if without else ""])
+        names = [row[0] for row in cur.fetchall()]
+    assert len(names) == 1, (fragment, names)
+    return names[0]
+
+
+def generic_plan(name: str, params: list) -> list[dict]:
+    """The nodes of the generic plan of prepared statement ``name`` (the plan PostgreSQL
+    may keep for every later run, whatever the parameters), run with these parameters
+    (inside the test's transaction) for the rows each node read."""
+    with connection.cursor() as cur:
+        cur.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+    try:
+        return plan_nodes(f"EXECUTE {name}({', '.join(['%s'] * len(params))})", params, analyze=True)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("SET LOCAL plan_cache_mode = auto")
+
+
+def test_the_prepared_statements_generic_plans_stay_o_batch_as_the_tables_grow():
+    # The executor's statements are prepared (common.db.bound_cursor) and run with the
+    # plans made for them; PostgreSQL may keep one generic plan, made before the
+    # in-flight rows and the start markers grew. Made here on statistics that say no
+    # payment is executing, and read after 2,500 are: no statement reads the lease
+    # index or the whole payments table, and the account lock probes the accounts' primary
+    # key once per id (a bitmap of "id = ANY($1)" rechecks each row it locks against the
+    # whole array: docs/explanation/performance.md, "Issue 17, the seventh stop").
+    loader.load_accounts(accounts=2000)
+    loader.load_payments(payments=3000, accounts=2000, due_at=timezone.now() - timedelta(seconds=1))
+    with connection.cursor() as cur:
+        cur.execute("ANALYZE payments_scheduledpayment")
+        cur.execute("ANALYZE ledger_account")
+    first = claim_due(batch=100, lease_seconds=60)
+    run_batch(first.fresh, worker="plans")  # prepares the statements
+    claims = [claim_due(batch=500, lease_seconds=60) for _ in range(5)]  # now 2,500 are in flight
+    pairs = claims[-1].fresh
+    ids, attempts = [p[0] for p in pairs], [p[1] for p in pairs]
+    expected = ["EXECUTING"] * len(ids)
+
+    fence = generic_plan(prepared("FOR NO KEY UPDATE OF p"), [ids, attempts, expected])
+    finish = generic_plan(prepared("SET status = v.status"), [
+        ids, attempts, expected, ["EXECUTED"] * len(ids), [""] * len(ids), [timezone.now()] * len(ids),
+        [""] * len(ids), [None] * len(ids),
+    ])
+    for nodes in (fence, finish):
+        assert scans_of_payments(nodes), "the plan reads the payments table"
+        assert "payments_lease_idx" not in {index for _node, index in scans_of_payments(nodes)}
+        # The generic plan cannot prune the partitions when it is made: it may scan those
+        # that hold no rows, never one that does.
+        read = [n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in nodes
+                if n.get("Relation Name") == "payments_scheduledpayment" and n["Node Type"] == "Seq Scan"]
+        assert not any(read), read
+
+    accounts = sorted({a for p in Payment.objects.filter(pk__in=ids) for a in (p.from_account_id, p.to_account_id)})
+    reads_of_accounts = "a.kind, a.status, a.balance"
+    for name in (prepared(reads_of_accounts, without="FOR NO KEY"), prepared("FOR NO KEY UPDATE OF a")):
+        nodes = generic_plan(name, [accounts])
+        reads = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "ledger_account"]
+        assert reads == [("Index Scan", "ledger_account_pkey")], reads
 
 
 def test_no_plain_index_leads_with_execute_at():
