@@ -83,14 +83,21 @@ class Account(models.Model):
 
 
 class Transfer(models.Model):
-    """One movement of money. Append-only: a trigger rejects UPDATE and DELETE."""
+    """One movement of money. Append-only: a trigger rejects UPDATE and DELETE.
+
+    Its accounts carry no foreign-key constraint in the database (decision 0014): every
+    transfer is inserted by ``ledger_post_batch`` in the transaction that read and locked
+    both accounts, and accounts are never deleted (a trigger refuses it), so the check,
+    two deferred queries per transfer at every commit of a batch, could never fail.
+    Reconciliation reports a transfer whose account does not exist
+    (``transfer_unknown_account``)."""
 
     key = models.CharField(max_length=64, unique=True)
     debit_account = models.ForeignKey(
-        Account, on_delete=models.PROTECT, related_name="debits", db_index=False
+        Account, on_delete=models.PROTECT, related_name="debits", db_index=False, db_constraint=False
     )
     credit_account = models.ForeignKey(
-        Account, on_delete=models.PROTECT, related_name="credits", db_index=False
+        Account, on_delete=models.PROTECT, related_name="credits", db_index=False, db_constraint=False
     )
     amount = models.BigIntegerField()
     created_at = models.DateTimeField(db_default=Now(), editable=False)

@@ -66,17 +66,6 @@ class AccountStateError(ValueError):
 _CLOSED, _FROZEN, _USER = Account.Status.CLOSED.value, Account.Status.FROZEN.value, Account.Kind.USER.value
 
 
-@dataclass(slots=True)
-class _Balance:
-    """An account as one batch's decision sees it: its state, and its balance as the
-    postings decided so far leave it."""
-
-    closed: bool
-    frozen: bool
-    user: bool  # a user account may not go below zero; system accounts may
-    balance: int
-
-
 # The refusals, immutable and the same for every posting refused so.
 _REFUSED_CLOSED = PostResult(Outcome.ACCOUNT_CLOSED, None)
 _REFUSED_FROZEN = PostResult(Outcome.ACCOUNT_FROZEN, None)
@@ -98,14 +87,16 @@ def _decide(cur, postings: Sequence[Posting], *, lock: bool):
     account_ids = sorted({p.debit_account_id for p in postings} | {p.credit_account_id for p in postings})
     keys = [p.key for p in postings]
     cur.execute(sql.LOCK_ACCOUNTS if lock else sql.READ_ACCOUNTS, [account_ids])
+    rows = cur.fetchall()
     # Each account's state as plain values, compared once here rather than against the
     # choices' enum members once per posting (py-spy of the executor: a fifth of its
-    # Python time went to those comparisons in batches of 1,000).
-    accounts = {
-        row[0]: _Balance(closed=row[2] == _CLOSED, frozen=row[2] == _FROZEN, user=row[1] == _USER, balance=row[3])
-        for row in cur.fetchall()
-    }
-    missing = set(account_ids) - accounts.keys()
+    # Python time went to those comparisons in batches of 1,000). ``balance`` follows the
+    # postings decided so far.
+    balance = {row[0]: row[3] for row in rows}
+    closed = {row[0] for row in rows if row[2] == _CLOSED}
+    frozen = {row[0] for row in rows if row[2] == _FROZEN}
+    may_go_negative = {row[0] for row in rows if row[1] != _USER}  # system accounts
+    missing = set(account_ids) - balance.keys()
     if missing:
         raise UnknownAccount(", ".join(sorted(missing)))
 
@@ -128,18 +119,18 @@ def _decide(cur, postings: Sequence[Posting], *, lock: bool):
                 PostResult(Outcome.ALREADY_APPLIED, first.posted_at) if first.outcome.moved else first
             )
             continue
-        debit, credit = accounts[p.debit_account_id], accounts[p.credit_account_id]
-        if debit.closed or credit.closed:
+        debit, credit, amount = p.debit_account_id, p.credit_account_id, p.amount
+        if debit in closed or credit in closed:
             results[p.key] = _REFUSED_CLOSED
-        elif debit.frozen:
+        elif debit in frozen:
             results[p.key] = _REFUSED_FROZEN
-        elif debit.user and debit.balance < p.amount:
+        elif balance[debit] < amount and debit not in may_go_negative:
             results[p.key] = _REFUSED_FUNDS
         else:
-            debit.balance -= p.amount
-            credit.balance += p.amount
-            deltas[p.debit_account_id] = deltas.get(p.debit_account_id, 0) - p.amount
-            deltas[p.credit_account_id] = deltas.get(p.credit_account_id, 0) + p.amount
+            balance[debit] -= amount
+            balance[credit] += amount
+            deltas[debit] = deltas.get(debit, 0) - amount
+            deltas[credit] = deltas.get(credit, 0) + amount
             new_transfers.append(p)
             results[p.key] = applied
     return results, deltas, new_transfers

@@ -75,6 +75,7 @@ CHECKS: dict[str, str] = {
     "balance_sum_nonzero": "the balances of all accounts do not sum to zero",
     "balance_mismatch": "account balance differs from its credits minus its debits",
     "negative_user_balance": "user account below zero",
+    "transfer_unknown_account": "ledger transfers to or from an account that does not exist",
     "stuck_executing": "EXECUTING with a lease expired for longer than the stuck threshold",
     "overdue_scheduled": "SCHEDULED and overdue by more than the overdue threshold (the sweep stalled)",
     "event_history": "payment events disagree with its status and attempt",

@@ -716,6 +716,11 @@ WITH e AS (
     SELECT 'negative_user_balance', id || ' balance ' || balance FROM a WHERE kind = 'user' AND balance < 0
     UNION ALL
     SELECT 'balance_sum_nonzero', 'sum ' || s FROM (SELECT sum(balance) AS s FROM ledger_account) total WHERE s <> 0
+    UNION ALL
+    -- Transfers carry no foreign key to their accounts (decision 0014): one per account
+    -- that has entries and does not exist.
+    SELECT 'transfer_unknown_account', e.account_id || ' net ' || e.net
+      FROM e WHERE NOT EXISTS (SELECT 1 FROM ledger_account acc WHERE acc.id = e.account_id)
 )
 SELECT name, count(*), (array_agg(subject ORDER BY subject))[1:%(limit)s] FROM v GROUP BY name
 """

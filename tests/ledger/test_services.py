@@ -173,6 +173,23 @@ def test_database_refuses_negative_user_balance_even_bypassing_the_service():
         cur.execute("UPDATE ledger_account SET balance = -1 WHERE id = %s", [a.id])
 
 
+@pytest.mark.parametrize("emptied", [False, True])
+def test_an_account_is_never_deleted(emptied):
+    # Transfers carry no foreign key to their accounts (decision 0014): the trigger is what
+    # keeps every transfer's accounts in existence, with or without transfers of its own.
+    account = funded_account(balance=0 if emptied else 5)
+    with pytest.raises(IntegrityError, match="never deleted"), transaction.atomic(), connection.cursor() as cur:
+        cur.execute("DELETE FROM ledger_account WHERE id = %s", [account.id])
+    assert Account.objects.filter(pk=account.pk).exists()
+
+
+def test_a_transfer_names_only_accounts_that_exist():
+    a = funded_account(balance=5)
+    with pytest.raises(UnknownAccount), transaction.atomic():
+        ledger_post_batch(postings=[Posting("k", a.id, "acc_nobody", 1)])
+    assert not Transfer.objects.filter(key="k").exists()
+
+
 def test_issuance_account_may_go_negative():
     a = funded_account()
     ledger_deposit(key=new_id("dep"), account_id=a.id, amount=10**12)

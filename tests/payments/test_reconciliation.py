@@ -95,6 +95,20 @@ def test_second_transfer_for_one_payment_is_reported_as_duplicate(history):
     assert "balance_mismatch" in report  # balances did not follow the second transfer
 
 
+def test_transfer_to_an_account_that_does_not_exist_is_reported(history):
+    # Transfers carry no foreign key to their accounts (decision 0014): only
+    # ledger_post_batch writes them, after locking both accounts. One written around it:
+    a = history["a"]
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO ledger_transfer (key, debit_account_id, credit_account_id, amount, created_at)"
+            " VALUES ('stray', %s, 'acc_nobody', 3, now())",
+            [a.id],
+        )
+    report = violated(reconcile())
+    assert report["transfer_unknown_account"] == ["acc_nobody net 3"]
+
+
 def test_transfer_that_disagrees_with_its_payment_is_reported(history):
     a, b = history["a"], history["b"]
     payment = due_payment(source=a, target=b, amount=7)
