@@ -17,7 +17,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # sums them (docs/reference/operations.md, "Metrics"). The tests use their own (pyproject.toml).
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test install services browser lint check-deploy flower metrics-dir schema chaos chaos-ci bench bench-all docs
+.PHONY: run test screenshots install services browser lint check-deploy flower metrics-dir schema chaos chaos-ci bench bench-all docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -74,6 +74,11 @@ browser:
 
 test: install services browser lint docs $(BIN)/promtool
 	$(BIN)/pytest --create-db
+
+# The console's pictures in the docs (docs/reference/admin-console.md), taken by the browser
+# test; a plain test run writes them to var/screenshots/ instead.
+screenshots: install services browser
+	DELAYPAY_SCREENSHOTS=docs/img/console $(BIN)/pytest --create-db tests/e2e/test_admin_browser.py
 
 # The documentation site (mkdocs.yml, docs/): --strict turns every warning (a broken link,
 # a page missing from the nav) into a failure. Open var/site/index.html.

@@ -390,6 +390,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "execute", "expires": 60},
     },
+    # API tokens past their lifetime (payments/api/tokens.py), of users who never sign in
+    # again: issuing a token deletes only its own user's.
+    "purge-expired-tokens": {
+        "task": "payments.tasks.purge_expired_tokens",
+        "schedule": 3600.0,
+        "options": {"queue": "execute", "expires": 3600},
+    },
     # The schedule's partitions (payments/partitions.py): next months' made ahead, hourly;
     # months past DELAYPAY_RETENTION_DAYS archived, daily (a no-op while it is unset).
     "ensure-partitions": {

@@ -15,6 +15,7 @@ from django.db import close_old_connections
 from rails.base import RailUnavailable
 
 from . import execution, metrics, partitions, payouts, promoter, reconciliation, settlement
+from .api import tokens
 from .worker import TRANSIENT_ERRORS, run_batch
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ def promoter_tick(shard: int = 0, shards: int = 1) -> dict:
 def purge_start_markers() -> dict:
     """Delete the executor's start markers no attempt needs any more (beat: every minute)."""
     return {"deleted": execution.purge_start_markers()}
+
+
+@shared_task(name="payments.tasks.purge_expired_tokens", ignore_result=True)
+def purge_expired_tokens() -> dict:
+    """Delete the API tokens whose lifetime has passed (beat: hourly)."""
+    return {"deleted": tokens.api_tokens_purge_expired()}
 
 
 @shared_task(name="payments.tasks.ensure_partitions", ignore_result=True)

@@ -16,6 +16,13 @@ def api_token_issue(*, user) -> tuple[AuthToken, str]:
     return AuthToken.objects.create(user=user)
 
 
+def api_tokens_purge_expired() -> int:
+    """Delete every expired token, of any user (beat: hourly); returns how many. A user
+    who never signs in again would otherwise keep theirs for ever."""
+    deleted, _ = AuthToken.objects.filter(expiry__lt=timezone.now()).delete()
+    return deleted
+
+
 def api_token_revoke(*, token: AuthToken) -> None:
     token.delete()
 

@@ -12,6 +12,7 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from payments.api.authentication import TokenAuthentication
 from payments.api.fields import parse_rfc3339
+from payments.tasks import purge_expired_tokens
 from tests.api import assert_error, post
 from tests.conftest import admin_client_for, client_for
 from tests.factories import PASSWORD
@@ -95,6 +96,16 @@ def test_issuing_deletes_the_users_expired_tokens_and_no_one_elses(user, other_u
     issue(user)
     assert not AuthToken.objects.filter(pk=stale.pk).exists()
     assert AuthToken.objects.filter(pk=others_stale.pk).exists()
+
+
+def test_the_hourly_purge_deletes_every_expired_token_and_only_those(user, other_user, settings):
+    live_key = issue(user).json()["token"]
+    AuthToken.objects.create(user, expiry=timedelta(seconds=-1))
+    AuthToken.objects.create(other_user, expiry=timedelta(seconds=-1))  # never signs in again
+    assert settings.CELERY_BEAT_SCHEDULE["purge-expired-tokens"]["task"] == purge_expired_tokens.name
+    assert purge_expired_tokens() == {"deleted": 2}
+    assert list(AuthToken.objects.values_list("user_id", flat=True)) == [user.pk]
+    assert works(live_key)
 
 
 def test_old_rest_framework_tokens_are_refused():
