@@ -28,3 +28,16 @@ def staff_may_view(user, model) -> bool:
     return any(
         staff_may(user, f"{opts.app_label}.{get_permission_codename(action, opts)}") for action in ("view", "change")
     )
+
+
+class ConflictOfInterest(Exception):
+    """A staff act refused because the actor would benefit from it: a deposit approved
+    into, or a freeze lifted from, an account they own; a re-drive or resolve of a payment
+    they created or are a party to. Someone else must do it (403 ``conflict_of_interest``;
+    docs/explanation/threat-model.md)."""
+
+    code = "conflict_of_interest"
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail

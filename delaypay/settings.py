@@ -434,8 +434,14 @@ DELAYPAY_RETRY_DELAYS = [
 DELAYPAY_MAX_ATTEMPTS = env.int("DELAYPAY_MAX_ATTEMPTS", default=1 + len(DELAYPAY_RETRY_DELAYS))
 DELAYPAY_MAX_AMOUNT = env.int("DELAYPAY_MAX_AMOUNT", default=10**12)
 # Staff deposits above this many units need a second staff member's approval (four
-# eyes, ledger.approve_deposit); at or below it they post at once. 0: every deposit.
+# eyes, ledger.approve_deposit); at or below it they post at once, unless into the
+# depositor's own account, or unless the depositor's (or the beneficiary's) deposits made
+# without a second person in the last DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS would pass
+# it (ledger/services.py, deposit_approval_why). 0: every deposit.
 DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD = env.int("DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD", default=10_000)
+DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS = env.int("DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS", default=24)
+if not 1 <= DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS <= 24 * 366:
+    raise ImproperlyConfigured("DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS must be between 1 and 8784")
 DELAYPAY_MAX_SCHEDULE_DAYS = env.int("DELAYPAY_MAX_SCHEDULE_DAYS", default=365)
 DELAYPAY_TRANSIENT_RETRIES = env.int("DELAYPAY_TRANSIENT_RETRIES", default=5)
 DELAYPAY_MIN_RECURRING_INTERVAL = env.int("DELAYPAY_MIN_RECURRING_INTERVAL", default=60)

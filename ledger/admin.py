@@ -38,6 +38,7 @@ from common.admin_tools import (
     report,
     utc_text,
 )
+from common.authz import ConflictOfInterest
 
 from .forms import DepositForm
 from .models import ISSUANCE_ACCOUNT_ID, Account, DepositRequest, PendingTransfer, StaffAction, Transfer
@@ -246,6 +247,8 @@ class AccountAdmin(
                 left_alone = "a system account"
             elif account.status == Account.Status.CLOSED:
                 left_alone = "closed"
+            elif account.owner_id == request.user.pk:
+                left_alone = "your own account"
             elif account.status == act.target:
                 left_alone = f"already {act.target}"
             else:
@@ -265,6 +268,9 @@ class AccountAdmin(
                 outcome = account_freeze(account_id=account_id, frozen=act.frozen, actor=request.user, reason=reason)
             except AccountStateError as exc:
                 refused.append(f"{account_id}: {exc}")
+                continue
+            except ConflictOfInterest:
+                refused.append(f"{account_id}: your own account (another staff member must do it)")
                 continue
             except UnknownAccount:
                 refused.append(f"{account_id}: no such account")
@@ -426,8 +432,8 @@ DECISION_ACTS = (
         name="approve",
         title="Approve",
         explanation="Each pending request's money moves now, from the issuance account into its account, once "
-        "(its ledger key is the request's id). Requests you made yourself are refused: another staff member "
-        "must decide them.",
+        "(its ledger key is the request's id). Requests you made yourself, and requests into an account you own, "
+        "are refused: another staff member must decide them.",
         permission="approve",
         done="Approved",
         already="Already approved",
@@ -493,7 +499,9 @@ class DepositRequestAdmin(
         return request.user.has_perm("ledger.approve_deposit")
 
     def confirmation_rows(self, request, act: DecisionAct, object_ids: list[str]):
-        found = {r.pk: r for r in DepositRequest.objects.filter(pk__in=object_ids).select_related("requested_by")}
+        found = {
+            r.pk: r for r in DepositRequest.objects.filter(pk__in=object_ids).select_related("requested_by", "account")
+        }
         rows = []
         for request_id in sorted(object_ids, key=lambda pk: (pk not in found, pk)):
             req = found.get(request_id)
@@ -502,6 +510,8 @@ class DepositRequestAdmin(
                 continue
             if req.requested_by_id == request.user.pk:
                 left_alone = "requested by you"
+            elif act.name == "approve" and request.user.pk in (req.beneficiary_id, req.account.owner_id):
+                left_alone = "into an account you own"
             elif req.status != DepositRequest.Status.PENDING:
                 left_alone = f"already {req.status}"
             else:
@@ -521,6 +531,9 @@ class DepositRequestAdmin(
                 decision = act.run(request_id=request_id, actor=request.user, reason=reason)
             except SelfApprovalForbidden:
                 refused.append(f"{request_id} is your own request")
+                continue
+            except ConflictOfInterest:
+                refused.append(f"{request_id} goes into an account you own")
                 continue
             except DepositRequestNotPending as exc:
                 refused.append(f"{request_id} is {exc.status}")

@@ -120,21 +120,42 @@ class Transfer(models.Model):
         return f"{self.key}: {self.debit_account_id} -> {self.credit_account_id} {self.amount}"
 
 
+class DepositApprovalWhy(models.TextChoices):
+    """Why a deposit waits for a second person instead of posting at once
+    (ledger/services.py, ``deposit_approval_why``)."""
+
+    ABOVE_THRESHOLD = "above_threshold", "above the approval threshold"
+    OWN_ACCOUNT = "own_account", "into an account the requester owns"
+    ACTOR_WINDOW = "actor_window", "the requester's deposits in the window would pass the threshold"
+    BENEFICIARY_WINDOW = "beneficiary_window", "the beneficiary's deposits in the window would pass the threshold"
+
+
 class DepositRequest(models.Model):
-    """A deposit above ``DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD``: requested by one staff
-    member, approved (the money moves, under the ledger key ``id``) or rejected by another.
+    """A deposit that needs a second person (``why``: above
+    ``DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD``, into the requester's own account, or past the
+    threshold summed over the window): requested by one staff member, approved (the money
+    moves, under the ledger key ``id``) or rejected by another.
 
     pending -> approved | rejected, forward only: a compare-and-set on ``pending`` decides
     (two approvers racing post once), and a trigger refuses any other change and every
-    delete. The database also refuses a decision by the requester (four eyes)."""
+    delete. The database also refuses a decision by the requester and an approval by the
+    beneficiary, the account's owner (four eyes)."""
 
     class Status(models.TextChoices):
         PENDING = "pending"
         APPROVED = "approved"
         REJECTED = "rejected"
 
+    Why = DepositApprovalWhy
+
     id = models.CharField(primary_key=True, max_length=40, default=new_deposit_request_id, editable=False)
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="deposit_requests")
+    # The account's owner when the request was made, set by the database (a trigger reads
+    # the account): whoever it is may never approve it (a CHECK).
+    beneficiary = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
+    why = models.CharField(max_length=20, choices=Why.choices, default=Why.ABOVE_THRESHOLD)
     amount = models.BigIntegerField()
     reason = models.TextField(help_text="Why the requester wants the money deposited.")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
@@ -165,6 +186,14 @@ class DepositRequest(models.Model):
                     )
                 ),
                 name="ledger_depositrequest_decided_by_another",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(status="approved") | ~models.Q(decided_by=models.F("beneficiary")),
+                name="ledger_depositrequest_not_approved_by_beneficiary",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(why__in=DepositApprovalWhy.values),
+                name="ledger_depositrequest_why_valid",
             ),
             models.CheckConstraint(condition=models.Q(reason__regex=r"\S"), name="ledger_depositrequest_reason_given"),
         ]
@@ -221,7 +250,15 @@ class StaffAction(models.Model):
             ),
             models.CheckConstraint(condition=models.Q(reason__regex=r"\S"), name="ledger_staffaction_reason_given"),
         ]
-        indexes = [models.Index(fields=["account", "id"], name="ledger_staffaction_account_idx")]
+        indexes = [
+            models.Index(fields=["account", "id"], name="ledger_staffaction_account_idx"),
+            # The rolling sums of deposits made without a second person (ledger/services.py,
+            # deposit_approval_why): by actor, and by account for the beneficiary's.
+            models.Index(
+                fields=["actor", "created_at"], name="ledger_staffaction_deposit_idx",
+                condition=models.Q(action="deposit"),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.action} by {self.actor_id}: {self.reason[:40]}"

@@ -58,7 +58,7 @@ def transfer_times(*, keys: list[str]) -> dict[str, datetime]:
 def deposit_requests(*, status: str | None = None, account_id: str | None = None) -> QuerySet[DepositRequest]:
     """Deposit requests, optionally in one status or for one account (staff reads:
     the callers check ``ledger.view_depositrequest``). Unordered: the caller orders."""
-    qs = DepositRequest.objects.select_related("requested_by", "decided_by")
+    qs = DepositRequest.objects.select_related("requested_by", "decided_by", "beneficiary")
     if status:
         qs = qs.filter(status=status)
     return qs.filter(account_id=account_id) if account_id else qs

@@ -12,8 +12,10 @@ from enum import StrEnum
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Sum
 from django.db.models.functions import Now
 
+from common.authz import ConflictOfInterest
 from common.db import bound_cursor
 from common.ids import new_id
 
@@ -253,24 +255,42 @@ def _deposit_post(*, account_id: str, amount: int, key: str) -> Deposit:
 def account_deposit(*, account_id: str, amount: int, actor, reason: str, key: str | None = None) -> Deposit:
     """Credit a user account from the issuance account at once, once per ``key`` (a new
     ``dep_`` key when none is given), with a ``deposit`` staff action naming ``actor`` and
-    ``reason`` in the same transaction. Only at or below the approval threshold: above
-    it money needs a second person (``deposit_request_create``).
+    ``reason`` in the same transaction. Only when no second person is needed
+    (``deposit_approval_why``): otherwise ``DepositNeedsApproval``, and
+    ``deposit_request_create`` is the way.
 
     A key that already moved money moves nothing more and returns that earlier deposit
     (``replayed``, no second staff action). Raises ``DepositRefused`` for a system
     account or when the ledger refuses (a closed account)."""
     reason = clean_reason(reason)
-    if deposit_needs_approval(amount=amount):
-        raise DepositNeedsApproval(amount)
     key = key or new_id("dep")
     with transaction.atomic():
-        deposit = _deposit_post(account_id=account_id, amount=amount, key=key)
-        if not deposit.replayed:
-            staff_action_record(
-                actor=actor, action=StaffAction.Kind.DEPOSIT, reason=reason, account_id=account_id,
-                transfer_key=key, amount=amount,
-            )
+        account = _deposit_account(account_id)
+        why = _deposit_governed(account=account, amount=amount, actor=actor, key=key)
+        if why is not None:
+            raise DepositNeedsApproval(amount, why)
+        return _deposit_at_once(account_id=account_id, amount=amount, actor=actor, reason=reason, key=key)
+
+
+def _deposit_at_once(*, account_id: str, amount: int, actor, reason: str, key: str) -> Deposit:
+    """The posting and its ``deposit`` staff action, in the caller's transaction, once the
+    four-eyes rule has let it through (or it is a replay of ``key``)."""
+    deposit = _deposit_post(account_id=account_id, amount=amount, key=key)
+    if not deposit.replayed:
+        staff_action_record(
+            actor=actor, action=StaffAction.Kind.DEPOSIT, reason=reason, account_id=account_id,
+            transfer_key=key, amount=amount,
+        )
     return deposit
+
+
+def _deposit_account(account_id: str) -> Account:
+    """The account a deposit goes into: it exists and is a user account."""
+    account = Account.objects.filter(pk=account_id).first()
+    if account is None:
+        raise UnknownAccount(account_id)
+    account_deposit_check(account=account)
+    return account
 
 
 def account_create(*, owner, name: str) -> Account:
@@ -299,17 +319,21 @@ class StatusChange:
 def account_freeze(*, account_id: str, frozen: bool, actor, reason: str) -> StatusChange:
     """A staff member freezes (``frozen``) or unfreezes a user account, with a ``freeze``
     or ``unfreeze`` staff action in the same transaction. Raises ``AccountStateError`` for
-    a system or closed account, ``UnknownAccount`` for none."""
+    a system or closed account, ``UnknownAccount`` for none, ``ConflictOfInterest`` for
+    the account's owner."""
     reason = clean_reason(reason)
     status = Account.Status.FROZEN if frozen else Account.Status.ACTIVE
     with transaction.atomic():
         before = (
-            Account.objects.select_for_update(no_key=True).filter(pk=account_id).values_list("kind", "status").first()
+            Account.objects.select_for_update(no_key=True).filter(pk=account_id)
+            .values_list("kind", "status", "owner_id").first()
         )
         if before is None:
             raise UnknownAccount(account_id)
         if before[0] != Account.Kind.USER:
             raise AccountStateError("a system account is never frozen")
+        if before[2] == actor.pk:
+            raise ConflictOfInterest("You own this account: another staff member must freeze or unfreeze it.")
         account = account_set_status(account_id=account_id, status=status)
         changed = before[1] != status
         if changed:
@@ -370,13 +394,15 @@ def staff_action_record(
 
 
 class DepositNeedsApproval(ValueError):
-    """``account_deposit`` of an amount above the threshold: request it instead."""
+    """``account_deposit`` of a deposit that needs a second person: request it instead."""
 
-    def __init__(self, amount: int):
+    def __init__(self, amount: int, why: str = DepositRequest.Why.ABOVE_THRESHOLD):
         super().__init__(
-            f"{amount} is above DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD"
-            f" ({settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD}): request it for another staff member's approval."
+            f"A deposit of {amount} needs another staff member's approval: {DepositRequest.Why(why).label}"
+            f" (DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD {settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD},"
+            f" over DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS {settings.DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS})."
         )
+        self.why = why
 
 
 class DepositRequestNotFound(Exception):
@@ -410,25 +436,81 @@ class DepositRequestNotPending(Exception):
 
 
 def deposit_needs_approval(*, amount: int) -> bool:
-    """Whether a deposit of ``amount`` needs a second staff member."""
+    """Whether a deposit of ``amount`` needs a second staff member whoever makes it (the
+    rest of the rule, who and how much this window, is ``deposit_approval_why``)."""
     return amount > settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD
 
 
-def deposit_request_create(*, account_id: str, amount: int, actor, reason: str) -> DepositRequest:
+# The advisory lock namespaces of LOCK_DEPOSIT_GOVERNANCE: the bytes "dep1" and "dep2" as int4.
+DEPOSIT_LOCK_ACTOR = int.from_bytes(b"dep1", "big")
+DEPOSIT_LOCK_BENEFICIARY = int.from_bytes(b"dep2", "big")
+
+
+def deposit_window() -> timedelta:
+    """How far back the approver-less deposits are summed (DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS)."""
+    return timedelta(hours=settings.DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS)
+
+
+def deposit_approval_why(*, account: Account, amount: int, actor) -> str | None:
+    """Why a deposit of ``amount`` into ``account`` by ``actor`` needs a second person
+    (a ``DepositRequest.Why``), or None when it may post at once. Four eyes whenever the
+    actor, or the account's owner, would get past the threshold alone:
+
+    * the amount is above DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD;
+    * the actor owns the account (nobody deposits into their own account alone);
+    * the actor's deposits made without a second person in the last
+      DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS, plus this one, pass the threshold;
+    * so do the approver-less deposits into any account of the same owner, by anyone.
+
+    Read under the locks of ``_deposit_governed`` (else two deposits racing could each see
+    the sums without the other)."""
+    if deposit_needs_approval(amount=amount):
+        return DepositRequest.Why.ABOVE_THRESHOLD
+    if account.owner_id == actor.pk:
+        return DepositRequest.Why.OWN_ACCOUNT
+    threshold = settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD
+    direct = StaffAction.objects.filter(action=StaffAction.Kind.DEPOSIT, created_at__gt=Now() - deposit_window())
+    if (direct.filter(actor=actor).aggregate(n=Sum("amount"))["n"] or 0) + amount > threshold:
+        return DepositRequest.Why.ACTOR_WINDOW
+    into = direct.filter(account__owner_id=account.owner_id).aggregate(n=Sum("amount"))["n"] or 0
+    if into + amount > threshold:
+        return DepositRequest.Why.BENEFICIARY_WINDOW
+    return None
+
+
+def _deposit_governed(*, account: Account, amount: int, actor, key: str | None) -> str | None:
+    """``deposit_approval_why`` in the caller's transaction, holding (to its commit) the
+    advisory locks of the actor's deposits and of the beneficiary's, always in that order
+    (no deadlock). None for a replay: a ``key`` that already moved money moves nothing."""
+    if key is not None and transfer_by_key(key=key) is not None:
+        return None
+    with connection.cursor() as cur:
+        for namespace, user_id in ((DEPOSIT_LOCK_ACTOR, actor.pk), (DEPOSIT_LOCK_BENEFICIARY, account.owner_id)):
+            cur.execute(sql.LOCK_DEPOSIT_GOVERNANCE, {"namespace": namespace, "user": user_id})
+    return deposit_approval_why(account=account, amount=amount, actor=actor)
+
+
+def deposit_request_create(
+    *, account_id: str, amount: int, actor, reason: str, why: str | None = None
+) -> DepositRequest:
     """Ask another staff member to approve a deposit, with a ``deposit_requested`` staff
-    action. Refused at once (``DepositRefused``) when the account can never receive it:
-    a system or closed account. Nothing moves until ``deposit_request_approve``."""
+    action. ``why`` it waits (worked out here when not given). Refused at once
+    (``DepositRefused``) when the account can never receive it: a system or closed
+    account. Nothing moves until ``deposit_request_approve``, by someone who is neither
+    the requester nor the account's owner (the database sets ``beneficiary``)."""
     reason = clean_reason(reason)
     if amount <= 0:
         raise InvalidPosting(f"invalid amount {amount!r}")
     with transaction.atomic():
-        account = Account.objects.filter(pk=account_id).first()
-        if account is None:
-            raise UnknownAccount(account_id)
-        account_deposit_check(account=account)
+        account = _deposit_account(account_id)
         if account.status == Account.Status.CLOSED:
             raise DepositRefused("The deposit was rejected: account_closed.", reason="account_closed")
-        request = DepositRequest.objects.create(account=account, amount=amount, reason=reason, requested_by=actor)
+        if why is None:
+            why = _deposit_governed(account=account, amount=amount, actor=actor, key=None)
+        request = DepositRequest.objects.create(
+            account=account, amount=amount, reason=reason, requested_by=actor, beneficiary_id=account.owner_id,
+            why=why or DepositRequest.Why.ABOVE_THRESHOLD,
+        )
         staff_action_record(
             actor=actor, action=StaffAction.Kind.DEPOSIT_REQUESTED, reason=reason, account_id=account_id,
             deposit_request_id=request.id, amount=amount,
@@ -446,14 +528,22 @@ class DepositSubmission:
 
 
 def deposit_submit(*, account_id: str, amount: int, actor, reason: str, key: str | None = None) -> DepositSubmission:
-    """The deposit of the API and the admin: at or below the threshold it posts at once
-    (``account_deposit``), above it it becomes a request for another staff member."""
-    if deposit_needs_approval(amount=amount):
-        return DepositSubmission(
-            request=deposit_request_create(account_id=account_id, amount=amount, actor=actor, reason=reason)
-        )
-    return DepositSubmission(deposit=account_deposit(account_id=account_id, amount=amount, actor=actor,
-                                                     reason=reason, key=key))
+    """The deposit of the API and the admin: it posts at once when the four-eyes rule
+    lets it (``deposit_approval_why``), else it becomes a request for another staff
+    member, in one transaction with the rule's reading."""
+    reason = clean_reason(reason)
+    if amount <= 0:
+        raise InvalidPosting(f"invalid amount {amount!r}")
+    with transaction.atomic():
+        account = _deposit_account(account_id)
+        why = _deposit_governed(account=account, amount=amount, actor=actor, key=key)
+        if why is not None:
+            return DepositSubmission(request=deposit_request_create(
+                account_id=account_id, amount=amount, actor=actor, reason=reason, why=why
+            ))
+        return DepositSubmission(deposit=_deposit_at_once(
+            account_id=account_id, amount=amount, actor=actor, reason=reason, key=key or new_id("dep")
+        ))
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,9 +554,14 @@ class DepositDecision:
 
 
 def _decide_request(*, request_id: str, actor, reason: str, status: str) -> tuple[DepositRequest | None, bool]:
-    """The compare-and-set: pending -> ``status``, by anyone but the requester. Returns
+    """The compare-and-set: pending -> ``status``, by anyone but the requester (and, for
+    an approval, anyone but the account's owner). Returns
     (the request, True) when this call decided it; else (the request as it is, False)
     after raising for what the caller may not do."""
+    if status == DepositRequest.Status.APPROVED:  # nobody approves money into their own account
+        owners = DepositRequest.objects.filter(pk=request_id).values_list("beneficiary_id", "account__owner_id").first()
+        if owners is not None and actor.pk in owners:
+            raise ConflictOfInterest("The deposit goes into an account you own: another staff member must approve it.")
     updated = (
         DepositRequest.objects.filter(pk=request_id, status=DepositRequest.Status.PENDING)
         .exclude(requested_by=actor)
@@ -491,7 +586,8 @@ def deposit_request_approve(*, request_id: str, actor, reason: str) -> DepositDe
     the other gets the approved request (``changed_now`` False) and moves nothing. If the
     ledger refuses (the account was closed meanwhile) nothing changes: the request stays
     pending and ``DepositRefused`` says why. Raises ``SelfApprovalForbidden`` for the
-    requester, ``DepositRequestNotPending`` for a rejected request."""
+    requester, ``ConflictOfInterest`` for the account's owner, ``DepositRequestNotPending``
+    for a rejected request."""
     reason = clean_reason(reason)
     with transaction.atomic():
         request, decided = _decide_request(

@@ -68,3 +68,8 @@ RETURNING t.key, t.debit_account_id, t.clearing_account_id, t.credit_account_id,
 """
 
 PENDING_STATES = "SELECT key, state FROM ledger_pendingtransfer WHERE key = ANY(%s::text[])"
+
+# Four eyes: the deposits of one actor, and into one beneficiary's accounts, are decided
+# one at a time (ledger/services.py, _deposit_governed), so the rolling sums each reads
+# include every deposit committed before it. Held to the commit.
+LOCK_DEPOSIT_GOVERNANCE = "SELECT pg_advisory_xact_lock(%(namespace)s::int4, %(user)s::int4)"

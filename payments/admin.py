@@ -48,7 +48,7 @@ from common.admin_tools import (
     report,
     utc_text,
 )
-from common.authz import staff_may_view
+from common.authz import ConflictOfInterest, staff_may_view
 from ledger.models import Account, PendingTransfer, StaffAction
 from ledger.selectors import transfer_by_key
 from ledger.services import PENDING_PREFIX, POST_PREFIX, VOID_PREFIX
@@ -1248,7 +1248,7 @@ class ScheduledPaymentAdmin(
         False, with the errors on the form, when the service refused the input itself
         (an execute_at in the past). A payout's rail may refuse it too: funds reserved with
         the outcome unknown (cancel), paid at the rail or no answer from it (resolve)."""
-        done, already, refused, missing, at_rail, rail_silent = [], [], [], [], [], []
+        done, already, refused, missing, at_rail, rail_silent, own = [], [], [], [], [], [], []
         reason = form.cleaned_data["reason"]
         for payment_id in object_ids:
             try:
@@ -1266,6 +1266,9 @@ class ScheduledPaymentAdmin(
             except RailUnavailable:
                 rail_silent.append(payment_id)
                 continue
+            except ConflictOfInterest:
+                own.append(payment_id)
+                continue
             except PaymentNotFound:
                 missing.append(payment_id)
                 continue
@@ -1280,6 +1283,8 @@ class ScheduledPaymentAdmin(
         not_done = f"Not {act.done.lower()}"
         report(request, messages.WARNING, f"{not_done}, because of the payout at its rail", at_rail)
         report(request, messages.ERROR, f"{not_done}: the rail did not answer, try again later", rail_silent)
+        report(request, messages.ERROR, f"{not_done}: you created it or are a party to it (another staff member "
+               "must do it)", own)
         report(request, messages.ERROR, "No such payment", missing)
         return not form.errors
 

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
+from common.authz import ConflictOfInterest
 from ledger.models import Account, StaffAction
 from ledger.services import clean_reason, staff_action_record
 
@@ -377,6 +378,22 @@ def _last_review_event(payment_id: str) -> PaymentEvent | None:
     return PaymentEvent.objects.filter(payment_id=payment_id, kind__in=review_kinds).order_by("-id").first()
 
 
+def _refuse_a_party(*, payment_id: str, actor) -> None:
+    """Segregation of duties: whoever created a payment, or owns an account or payee it
+    pays from or to, may not re-drive or resolve it, whatever permissions they hold
+    (``ConflictOfInterest``). A payment that does not exist is left to the caller."""
+    parties = (
+        ScheduledPayment.objects.filter(pk=payment_id)
+        .values_list("payer_id", "from_account__owner_id", "to_account__owner_id", "to_payee__owner_id")
+        .first()
+    )
+    if parties is not None and getattr(actor, "pk", None) in parties:
+        raise ConflictOfInterest(
+            "You created this payment or own an account or payee it pays from or to: another staff member "
+            "must re-drive or resolve it."
+        )
+
+
 @dataclass
 class ReviewOutcome:
     payment: ScheduledPayment
@@ -390,13 +407,14 @@ def payment_redrive(
     budget, due at once or at ``execute_at``. A CAS on NEEDS_REVIEW, audited with the
     staff actor and reason. Repeating it after it succeeded changes nothing and answers
     the payment as it is now; on a payment that is not in review it raises
-    PaymentNotInReview."""
+    PaymentNotInReview. A party to the payment may not (``ConflictOfInterest``)."""
     errors: dict[str, list[str]] = {}
     _check_review_reason(reason, errors)
     if execute_at is not None:
         _check_execute_at(execute_at, errors)
     if errors:
         raise PaymentValidationError(errors)
+    _refuse_a_party(payment_id=payment_id, actor=actor)
     with transaction.atomic(), connection.cursor() as cur:
         _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])
         cur.execute(sql.REDRIVE, {"id": payment_id, "next_attempt_at": execute_at})
@@ -424,13 +442,15 @@ def payment_resolve(
     """Close a NEEDS_REVIEW payment as FAILED(resolved_by_staff): nothing moves, the
     reason and the staff actor go into its failed event. Only ``outcome="failed"`` is
     offered: a payment whose money moved is never parked (the guard converges it to
-    EXECUTED), so there is nothing else to resolve it to. Idempotent like re-drive."""
+    EXECUTED), so there is nothing else to resolve it to. Idempotent like re-drive; a
+    party to the payment may not (``ConflictOfInterest``)."""
     errors: dict[str, list[str]] = {}
     if outcome != "failed":
         errors.setdefault("outcome", []).append('Must be "failed".')
     _check_review_reason(reason, errors)
     if errors:
         raise PaymentValidationError(errors)
+    _refuse_a_party(payment_id=payment_id, actor=actor)
     payout = payout_pending(payment_id)
     if payout is not None:
         # A parked payout with its funds reserved: its rail decides (payments/payees.py).

@@ -671,3 +671,109 @@ def test_admin_changelist_needs_the_view_permission(world, label, role):
     view = f"{opts.app_label}.{get_permission_codename('view', opts)}"
     response = admin_client(world).get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
     assert_outcome(response, Admin((view,)).expected(world.caller), role)
+
+
+# --- Who benefits: the caller as the beneficiary or the creator (issue 33) -------------------
+#
+# The tables above give every role objects that belong to someone else. Here the object is
+# the caller's own: their account (a deposit into it, an approval of a deposit into it, its
+# freeze), a payment they created, a payment into their account. Holding the act's
+# permission does not let anyone do these alone: a deposit becomes a request (202,
+# why own_account) and every other act is 403 conflict_of_interest; without the
+# permission the ordinary rule answers. Nothing moves either way.
+
+DEPOSIT_ACCOUNT, REDRIVE = "ledger.deposit_account", "payments.redrive_scheduledpayment"
+
+
+def self_parked(world: World, *, relation: str):
+    """A payment parked in review that the caller created (``creator``) or that pays
+    into the caller's account (``beneficiary``)."""
+    source = world.own_account if relation == "creator" else world.account
+    target = world.target if relation == "creator" else world.own_account
+    if relation == "creator":
+        ledger_deposit_for_matrix(source, 10)
+    with override_settings(DELAYPAY_MAX_ATTEMPTS=1):
+        return parked_payment(SimpleNamespace(), source=source, target=target, seconds_ago=3600)
+
+
+def ledger_deposit_for_matrix(account, amount: int) -> None:
+    from common.ids import new_id
+    from ledger.services import ledger_deposit
+
+    ledger_deposit(key=new_id("dep"), account_id=account.id, amount=amount)
+
+
+def status_of(payment) -> str:
+    return type(payment).objects.get(pk=payment.pk).status
+
+
+SELF_ROLES = [r for r in ROLES if r != "anonymous"]
+
+
+@pytest.mark.parametrize("role", SELF_ROLES)
+def test_a_deposit_into_ones_own_account_never_posts_alone(world, role):
+    as_role(world, role)
+    url = reverse("account-deposits", kwargs={"account_id": world.own_account.pk})
+    response = client_for(world.caller).post(url, {"amount": 1, **REASON}, format="json",
+                                             HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex)
+    if holds(world.caller, DEPOSIT_ACCOUNT):
+        assert response.status_code == 202 and response.json()["why"] == "own_account", response.content
+    else:
+        assert response.status_code == 403, response.content
+    assert Account.objects.get(pk=world.own_account.pk).balance == 0
+
+
+@pytest.mark.parametrize("role", SELF_ROLES)
+def test_a_deposit_into_ones_own_account_is_never_approved_by_oneself(world, role):
+    as_role(world, role)
+    request = deposit_request_create(
+        account_id=world.own_account.id, amount=django_settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD + 1,
+        actor=world.deposit_request.requested_by, reason="into the caller's account",
+    )
+    response = client_for(world.caller).post(
+        reverse("deposit-request-approve", kwargs={"request_id": request.pk}), REASON, format="json",
+        HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex,
+    )
+    expected_code = "conflict_of_interest" if holds(world.caller, APPROVE_DEPOSIT) else "permission_denied"
+    assert (response.status_code, response.json()["code"]) == (403, expected_code), response.content
+    assert Account.objects.get(pk=world.own_account.pk).balance == 0
+
+
+@pytest.mark.parametrize("relation", ["creator", "beneficiary"])
+@pytest.mark.parametrize("act", ["payment-redrive", "payment-resolve"])
+@pytest.mark.parametrize("role", SELF_ROLES)
+def test_a_party_to_a_payment_never_reviews_it(world, role, act, relation):
+    as_role(world, role)
+    parked = self_parked(world, relation=relation)
+    body = {"outcome": "failed", **REASON} if act == "payment-resolve" else REASON
+    response = client_for(world.caller).post(
+        reverse(act, kwargs={"payment_id": parked.pk}), body, format="json", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex
+    )
+    caller = world.caller
+    if relation == "beneficiary" and not holds(caller, VIEW_PAYMENT):
+        expected = (404, "not_found")  # someone else's payment, not readable
+    elif holds(caller, REDRIVE):
+        expected = (403, "conflict_of_interest")
+    else:
+        expected = (403, "permission_denied")
+    assert (response.status_code, response.json()["code"]) == expected, response.content
+    assert status_of(parked) == "NEEDS_REVIEW"
+
+
+@pytest.mark.parametrize("action", ["freeze_selected", "unfreeze_selected"])
+@pytest.mark.parametrize("role", SELF_ROLES)
+def test_nobody_freezes_or_unfreezes_their_own_account(world, role, action):
+    as_role(world, role)
+    account = world.own_account
+    if action == "unfreeze_selected":
+        Account.objects.filter(pk=account.pk).update(status="frozen")
+    before = Account.objects.get(pk=account.pk).status
+    response = admin_client(world).post(
+        reverse("admin:ledger_account_changelist"),
+        {"action": action, helpers.ACTION_CHECKBOX_NAME: [account.pk], "index": "0", "reason": "mine",
+         "confirmed": "1"},
+        follow=True,
+    )
+    if holds(world.caller, "ledger.freeze_account"):
+        assert any("your own account" in str(m) for m in response.context["messages"]), response.content[:300]
+    assert Account.objects.get(pk=account.pk).status == before

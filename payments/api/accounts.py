@@ -87,9 +87,12 @@ class DepositView(ApiView):
         summary="Credit a user account from the issuance account (staff with ledger.deposit_account)",
         description=(
             "Money enters the system here, with your user and `reason` recorded in the same transaction (a "
-            "`deposit` staff action). At or below DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD units it is deposited at "
-            "once: 201 with the deposit. Above it nothing moves yet: 202 with a pending deposit request that "
-            "another staff member with ledger.approve_deposit approves (`POST /deposit-requests/{id}/approve`, "
+            "`deposit` staff action). It is deposited at once (201 with the deposit) when it is at most "
+            "DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD units, into an account you do not own, and your deposits made "
+            "without a second person in the last DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS, and those into the "
+            "account owner's accounts, stay within the threshold with it. Otherwise nothing moves yet: 202 with "
+            "a pending deposit request (`why` says which rule) that another staff member with "
+            "ledger.approve_deposit, not the account's owner, approves (`POST /deposit-requests/{id}/approve`, "
             "then the money moves) or rejects. Deposits into system accounts are 409 deposit_rejected before "
             "the Idempotency-Key or the body is read; into a closed account, 409 deposit_rejected."
         ),

@@ -65,7 +65,8 @@ class DepositRequestDetailView(ApiView):
 
 DECISION_ERRORS = {
     "e403": "permission_denied: needs ledger.approve_deposit; self_approval_forbidden: you requested this "
-    "deposit, so another staff member must decide it.",
+    "deposit, so another staff member must decide it; conflict_of_interest: an approval of a deposit into an "
+    "account you own.",
     "e409": "deposit_request_not_pending: approve of a rejected request or reject of an approved one; "
     "`status` says which. deposit_rejected: the ledger refused the deposit (the account was closed meanwhile); "
     "the request stays pending.",

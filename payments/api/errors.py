@@ -16,6 +16,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from common.authz import ConflictOfInterest
 from delaypay.db_router import REPLICA, current_routing
 from ledger.services import (
     DepositRefused,
@@ -98,6 +99,9 @@ ERROR_CODES: dict[str, str] = {
     "recurring_not_editable": "The recurring payment has ENDED and can no longer change (409); `status` says so.",
     "deposit_rejected": "The ledger refused the deposit, e.g. the account is closed (409).",
     "self_approval_forbidden": "You requested this deposit: another staff member must approve or reject it (403).",
+    "conflict_of_interest": "A staff act you would benefit from (403): approving a deposit into an account you own, "
+    "freezing or unfreezing your own account, re-driving or resolving a payment you created or are a party to. "
+    "Another staff member must do it.",
     "deposit_request_not_pending": "Approve of a rejected deposit request, or reject of an approved one; `status` "
     "says which (409).",
     "system_account": "The payee is a system account (the issuance account): payments go to user accounts only "
@@ -146,6 +150,7 @@ DOMAIN_STATUSES: list[tuple[type[Exception], int]] = [
     (IdempotencyKeyInUse, status.HTTP_409_CONFLICT),
     (DepositRefused, status.HTTP_409_CONFLICT),
     (SelfApprovalForbidden, status.HTTP_403_FORBIDDEN),
+    (ConflictOfInterest, status.HTTP_403_FORBIDDEN),
     (DepositRequestNotFound, status.HTTP_404_NOT_FOUND),
     (DepositRequestNotPending, status.HTTP_409_CONFLICT),
     (ReasonRequired, status.HTTP_400_BAD_REQUEST),

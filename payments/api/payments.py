@@ -182,7 +182,9 @@ class PaymentDetailView(ApiView):
 
 REVIEW_ERRORS = {
     "e403": "permission_denied: re-drive and resolve are staff acts that need "
-    "payments.redrive_scheduledpayment; the payment's creator gets 403 too.",
+    "payments.redrive_scheduledpayment; the payment's creator or payer without it gets 403 too. "
+    "conflict_of_interest: staff holding it who created the payment or own an account or payee it pays from "
+    "or to.",
     "e409": "payment_not_in_review; `status` is the payment's current status.",
 }
 

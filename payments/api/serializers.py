@@ -128,6 +128,16 @@ class DepositRequestSerializer(serializers.ModelSerializer):
     account_id = serializers.CharField()
     status = serializers.ChoiceField(choices=DepositRequest.Status.choices)
     requested_by = serializers.CharField(source="requested_by.username")
+    beneficiary = serializers.CharField(
+        source="beneficiary.username", help_text="The account's owner: may never approve this request."
+    )
+    why = serializers.ChoiceField(
+        choices=DepositRequest.Why.choices,
+        help_text="Why it waits for a second person: above_threshold (the amount), own_account (into the "
+        "requester's own account), actor_window / beneficiary_window (the requester's, or the account owner's, "
+        "deposits made without a second person within DELAYPAY_DEPOSIT_APPROVAL_WINDOW_HOURS would pass "
+        "DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD).",
+    )
     decided_by = serializers.CharField(source="decided_by.username", default=None, allow_null=True)
     decided_at = StrictDateTimeField(allow_null=True)
     created_at = StrictDateTimeField()
@@ -138,8 +148,8 @@ class DepositRequestSerializer(serializers.ModelSerializer):
     class Meta:
         model = DepositRequest
         fields = [
-            "request_id", "account_id", "amount", "reason", "status", "requested_by", "created_at",
-            "decided_by", "decided_at", "decision_reason", "deposit_id",
+            "request_id", "account_id", "amount", "reason", "status", "why", "requested_by", "beneficiary",
+            "created_at", "decided_by", "decided_at", "decision_reason", "deposit_id",
         ]
         read_only_fields = fields
 
