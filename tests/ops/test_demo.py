@@ -1,7 +1,8 @@
 """`manage.py demo`, as `make run` calls it: idempotent people and setup, fresh payments."""
 
 import pytest
-from django.core.management import call_command
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
 
 from ledger.models import DepositRequest
 from payments.models import Payee, ScheduledPayment
@@ -11,6 +12,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_demo_twice_sets_up_once_and_schedules_each_time(settings, staff_groups, tmp_path):
+    settings.DEBUG = True  # as make run
     settings.DELAYPAY_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
     secrets = tmp_path / "secrets"
     for _ in range(2):
@@ -24,3 +26,11 @@ def test_demo_twice_sets_up_once_and_schedules_each_time(settings, staff_groups,
     # nine a run: five due, one underfunded, one cancelled, and two payouts (one to a declining payee)
     assert ScheduledPayment.objects.count() == 18
     assert Payee.objects.count() == 2  # the payees are made once
+
+
+def test_demo_refuses_production_settings(settings, staff_groups):
+    """A superuser with a known password and money from nowhere: never with DJANGO_DEBUG=0."""
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="DJANGO_DEBUG=1"):
+        call_command("demo", stdout=None)
+    assert not get_user_model().objects.exists() and not ScheduledPayment.objects.exists()

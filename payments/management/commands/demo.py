@@ -4,9 +4,10 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from common.ids import new_id
@@ -31,6 +32,11 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
+        # A superuser with a known password and money from nowhere (deposits with no staff
+        # member and no second person): development only (docs/explanation/threat-model.md).
+        if not settings.DEBUG:
+            raise CommandError("demo runs with DJANGO_DEBUG=1 only: it creates a superuser with a known password "
+                               "and deposits money without a staff member")
         password = os.environ.get("DELAYPAY_DEMO_PASSWORD", "demo-password")
         User = get_user_model()
         admin, created = User.objects.get_or_create(
