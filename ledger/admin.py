@@ -456,18 +456,18 @@ class DepositRequestAdmin(
     ActionPermissionAdminMixin, ConfirmedActAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin
 ):
     list_display = (
-        "id", "account_col", "amount_col", "status_col", "requested_by", "created_at_col", "decided_by",
-        "decided_at_col",
+        "id", "account_col", "amount_col", "status_col", "why", "requested_by", "beneficiary", "created_at_col",
+        "decided_by", "decided_at_col",
     )
-    list_select_related = ("requested_by", "decided_by")
-    list_filter = ("status",)
+    list_select_related = ("requested_by", "decided_by", "beneficiary")
+    list_filter = ("status", "why")
     ordering = ("-id",)  # ids are ULIDs: newest first
     search_fields = ("id",)  # shows the box; get_search_results does the matching
     search_help_text = "Exact request id or account id; several separated by spaces."
     actions = ["approve_selected", "reject_selected"]
     fields = (
-        "id", "account_col", "amount_col", "reason", "status_col", "requested_by", "created_at",
-        "decided_by", "decided_at", "decision_reason", "transfer_col",
+        "id", "account_col", "amount_col", "reason", "status_col", "why", "requested_by", "beneficiary",
+        "created_at", "decided_by", "decided_at", "decision_reason", "transfer_col",
     )
     readonly_fields = fields
 
