@@ -502,7 +502,12 @@ DELAYPAY_WEBHOOK_RETRY_DELAYS = [float(d) for d in env.list("DELAYPAY_WEBHOOK_RE
 # BREAKER_ERROR_RATE of at least BREAKER_MIN_CALLS calls in a BREAKER_WINDOW_SECONDS
 # window; it half-opens after BREAKER_COOLDOWN_SECONDS and lets BREAKER_PROBES payouts
 # through. RATE_LIMIT paces submissions per rail, fleet-wide (payouts per second).
+# A rail's URL must be https:// on a public address (rails/addresses.py), except for the
+# hosts in RAIL_ALLOW_HOSTS (by default the sandbox gateway's loopback) or when DEBUG.
 DELAYPAY_RAIL_SANDBOX_URL = env("DELAYPAY_RAIL_SANDBOX_URL", default="http://127.0.0.1:8090")
+DELAYPAY_RAIL_ALLOW_HOSTS = [
+    h.strip().lower() for h in env.list("DELAYPAY_RAIL_ALLOW_HOSTS", default=["127.0.0.1", "localhost"])
+]
 DELAYPAY_RAIL_SANDBOX_API_KEY = env("DELAYPAY_RAIL_SANDBOX_API_KEY", default="")
 DELAYPAY_RAIL_TIMEOUT_SECONDS = env.float("DELAYPAY_RAIL_TIMEOUT_SECONDS", default=5.0)
 DELAYPAY_RAIL_CONNECTIONS = env.int("DELAYPAY_RAIL_CONNECTIONS", default=64)

@@ -95,6 +95,8 @@ def _build_rail(name: str) -> "HttpRail":
             api_key=settings.DELAYPAY_RAIL_SANDBOX_API_KEY,
             timeout=settings.DELAYPAY_RAIL_TIMEOUT_SECONDS,
             connections=settings.DELAYPAY_RAIL_CONNECTIONS,
+            allow_hosts=settings.DELAYPAY_RAIL_ALLOW_HOSTS,
+            allow_any_host=settings.DEBUG,
         )
     raise ValueError(f"unknown rail {name!r}: known rails are {', '.join(RAIL_NAMES)}")
 

@@ -6,15 +6,26 @@ been sent then, so a retry cannot pay twice). Nothing else is retried here: what
 about an ambiguous answer is the payout executor's decision, made with ``lookup``.
 
 Neither the API key nor a destination is ever logged or put in an error text.
+
+Where a rail may connect (SSRF, rails/addresses.py): its URL's host must normalise, and
+unless it is in ``allow_hosts`` (DELAYPAY_RAIL_ALLOW_HOSTS; the sandbox gateway runs on
+loopback) or ``allow_any_host`` (DEBUG), the URL must be ``https://`` and every address
+its host resolves to, at every new connection, must be outside the IANA special-purpose
+registries; the socket connects to the address that was checked. A refused rail opens no
+socket: each call answers ``Unknown(sent=False)`` with the reason, as if the gateway were
+unreachable, and the settlement report raises ``RailUnavailable``.
 """
 
 import csv
 import io
 import logging
+from collections.abc import Callable, Collection
 from datetime import UTC, date, datetime
 
+import httpcore
 import httpx
 
+from . import addresses
 from .base import Declined, LookupOutcome, NotFound, Paid, RailUnavailable, SettlementRow, SubmitOutcome, Unknown
 
 logger = logging.getLogger(__name__)
@@ -23,6 +34,10 @@ USER_AGENT = "delaypay-rails/1"
 CONNECT_RETRIES = 2
 CONNECT_TIMEOUT_CAP = 2.0
 SETTLEMENT_COLUMNS = ("id", "idempotency_key", "amount", "currency", "destination", "status", "created")
+# The hosts a rail may reach over plain http and on any address when nothing else is said:
+# the sandbox gateway's (the Procfile's ``gateway`` listens on 127.0.0.1). Settings'
+# DELAYPAY_RAIL_ALLOW_HOSTS has the same default.
+DEFAULT_ALLOW_HOSTS = ("127.0.0.1", "localhost")
 
 
 class MalformedAnswer(ValueError):
@@ -93,11 +108,71 @@ def _declined(response: httpx.Response, *, default_code: str) -> Declined:
     return Declined(code=str(code)[:100], message=str(message)[:500])
 
 
+def url_refusal(url: str, *, allowed: Callable[[addresses.Host], bool]) -> str | None:
+    """Why a rail may not use ``url`` (checked before any resolution), or None;
+    ``allowed(host)`` says whether a normalised host is exempt."""
+    try:
+        parts, host, _ = addresses.split_url(url)
+        httpx.URL(url)
+    except (addresses.Refused, httpx.InvalidURL) as exc:
+        return str(exc)
+    if allowed(host):
+        return None
+    if parts.scheme != "https":
+        return "only https:// URLs are allowed (the API key would travel in the clear)"
+    return addresses.host_refusal(host)
+
+
+class CheckedBackend(httpcore.SyncBackend):
+    """httpcore's network backend that resolves the host itself, refuses (a
+    ``ConnectError``, nothing sent) when any address is refused, and connects the socket
+    to a checked address; the TLS server name stays the URL's host."""
+
+    def __init__(self, allowed: Callable[[addresses.Host], bool]):
+        self._allowed = allowed
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        try:
+            checked = addresses.normalise_host(f"[{host}]" if ":" in host else host)
+            found = addresses.resolve(checked, port, allowed=self._allowed)
+        except addresses.Refused as exc:
+            raise httpcore.ConnectError(f"refused: {exc}") from None
+        except OSError as exc:
+            raise httpcore.ConnectError(f"cannot resolve {host}: {exc}") from None
+        error: Exception | None = None
+        for address in found:  # as socket.create_connection: the next one when one fails
+            try:
+                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                error = exc
+        raise error
+
+
 class HttpRail:
     """A gateway at ``base_url`` that speaks the contract in docs/reference/rail-contract.md."""
 
-    def __init__(self, *, name: str, base_url: str, api_key: str = "", timeout: float = 5.0, connections: int = 64):
+    def __init__(
+        self,
+        *,
+        name: str,
+        base_url: str,
+        api_key: str = "",
+        timeout: float = 5.0,
+        connections: int = 64,
+        allow_hosts: Collection[str] = DEFAULT_ALLOW_HOSTS,
+        allow_any_host: bool = False,
+    ):
         self.name = name
+        allow = addresses.allow_list(allow_hosts)
+
+        def allowed(host: addresses.Host) -> bool:
+            return allow_any_host or host.name in allow
+
+        self._client: httpx.Client | None = None
+        self.refusal = url_refusal(base_url, allowed=allowed)
+        if self.refusal:
+            logger.error("rail %s: its URL is refused, no call will be sent: %s", name, self.refusal)
+            return
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -105,6 +180,12 @@ class HttpRail:
             retries=CONNECT_RETRIES,
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
         )
+        # httpx has no public way to hand its pool a network backend: set the pool's, and
+        # fail here rather than connect unchecked should a new httpx or httpcore move it.
+        pool = getattr(transport, "_pool", None)
+        if not isinstance(getattr(pool, "_network_backend", None), httpcore.SyncBackend):
+            raise RuntimeError("httpx's connection pool changed: the rail's address check cannot be installed")
+        pool._network_backend = CheckedBackend(allowed)
         self._client = httpx.Client(
             base_url=base_url,
             transport=transport,
@@ -115,10 +196,11 @@ class HttpRail:
         )
 
     def __repr__(self) -> str:  # never the headers: they hold the API key
-        return f"<HttpRail {self.name} {self._client.base_url}>"
+        return f"<HttpRail {self.name} {self._client.base_url if self._client else 'refused'}>"
 
     def close(self) -> None:
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
     def __enter__(self) -> "HttpRail":
         return self
@@ -132,6 +214,8 @@ class HttpRail:
 
     def _request(self, what: str, key: str, method: str, url: str, **kwargs) -> httpx.Response | Unknown:
         """The answer, or ``Unknown`` for a request that failed on the way."""
+        if self._client is None:
+            return self._unknown(what, key, f"refused: {self.refusal}", sent=False)
         try:
             return self._client.request(method, url, **kwargs)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -201,6 +285,8 @@ class HttpRail:
 
     def settlement_report(self, *, day: date) -> list[SettlementRow]:
         """Every payout the gateway paid on ``day`` (UTC). Raises ``RailUnavailable`` on any failure."""
+        if self._client is None:
+            raise RailUnavailable(f"settlement report of {day}: refused: {self.refusal}")
         try:
             response = self._client.get(f"/v1/settlements/{day.isoformat()}")
         except httpx.HTTPError as exc:

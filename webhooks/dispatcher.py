@@ -10,7 +10,8 @@ One ``dispatch_once`` is three short transactions and HTTP between them, never i
 3. **Deliver** outside any transaction: POSTs in a few threads (no database in them),
    through a module-level httpx Client (pooled connections), to the address
    webhooks/safety.py checked after resolving the name, with the Host header and the TLS
-   server name of the URL; no redirects; at most RESPONSE_READ_LIMIT bytes of the answer.
+   server name of the URL's host (the canonical form that was resolved); no redirects;
+   at most RESPONSE_READ_LIMIT bytes of the answer.
 4. **Record** (one transaction, set-based): an attempt row per try; a 2xx succeeds, any
    other answer or error waits on the ladder (DELAYPAY_WEBHOOK_RETRY_DELAYS, +-20 %
    jitter) or, past its end, fails; an endpoint failing for
@@ -181,9 +182,9 @@ def claim_deliveries(*, batch: int | None = None, lease_seconds: float | None = 
 # --- 3. deliver ------------------------------------------------------------------------
 
 
-def _host_header(url: httpx.URL) -> str:
-    host = f"[{url.host}]" if ":" in url.host else url.host
-    return host if url.port is None else f"{host}:{url.port}"
+def _host_header(host: str, port: int | None) -> str:
+    host = f"[{host}]" if ":" in host else host
+    return host if port is None else f"{host}:{port}"
 
 
 def post(url: str, *, body: str, headers: dict[str, str], timeout: float) -> tuple[int, str]:
@@ -195,7 +196,7 @@ def post(url: str, *, body: str, headers: dict[str, str], timeout: float) -> tup
     extensions = {"sni_hostname": target.host} if parsed.scheme == "https" else {}
     request_headers = {
         **headers,
-        "Host": _host_header(parsed),
+        "Host": _host_header(target.host, parsed.port),  # the name that was resolved and checked
         "Content-Type": "application/json",
         "Accept-Encoding": "identity",  # the body is capped as sent: no decompression bomb
     }

@@ -1,10 +1,21 @@
 """Where webhooks may be sent (SSRF): checked when an endpoint is saved and again at every
 delivery, after DNS resolution, on the very address the request then connects to.
 
+The host is read as a resolver reads it and the addresses are checked against the IANA
+special-purpose registries written out in rails/addresses.py (not ``ipaddress``'s tables,
+whose answers change between Python versions):
+
 * Only ``https://`` URLs, unless DEBUG or the host is listed in
   DELAYPAY_WEBHOOK_ALLOW_HOSTS (tests and local receivers: ``127.0.0.1,localhost``).
-* No private, loopback, link-local, multicast, reserved or unspecified address (nor an
-  IPv4 address mapped into IPv6 that is one), for the same exceptions.
+  A listed host is compared in canonical form: ``LOCALHOST`` is ``localhost``, while
+  ``0x7f000001`` is not ``127.0.0.1`` (it is refused before the list is read).
+* Never, whatever DEBUG or the list say: whitespace or control characters, credentials,
+  a fragment, a percent-encoded host, a host that is not a name, a dotted-quad IPv4
+  address or a bracketed IPv6 address, and every other spelling a resolver reads as an
+  IPv4 address (``2130706433``, ``0x7f000001``, ``0177.0.0.1``, ``127.1``, ``①②⑦.0.0.1``).
+* No address in a registry entry (loopback, private-use, link-local, shared, multicast,
+  documentation, 6to4, NAT64, Teredo, unique or site-local, ...), no IPv4-mapped IPv6
+  address of one, no loopback name (``localhost``, ``*.localhost``); for the same exceptions.
 * At save time a literal address is checked (a name may resolve differently by delivery
   time, so resolving it then proves little and would make the API wait on DNS); at
   delivery time every address the name resolves to is checked, and the connection goes to
@@ -12,17 +23,16 @@ delivery, after DNS resolution, on the very address the request then connects to
   the connection (rebinding) cannot redirect it.
 """
 
-import ipaddress
-import socket
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
+import httpx
 from django.conf import settings
 
 from payments.exceptions import PaymentValidationError
+from rails import addresses
+from rails.addresses import Host
 
-# Names that are loopback whatever DNS says.
-_LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+MAX_URL_LENGTH = 2000
 
 
 class WebhookURLRefused(PaymentValidationError):
@@ -39,62 +49,48 @@ class DeliveryRefused(Exception):
 
 @dataclass(frozen=True)
 class Target:
-    """Where a delivery connects: the checked ``address``, the URL's ``host`` (Host header
-    and TLS server name) and ``port``."""
+    """Where a delivery connects: the checked ``address``, the URL's ``host`` in canonical
+    form (Host header and TLS server name) and ``port``."""
 
     host: str
     address: str
     port: int
 
 
-def _allowed_host(host: str) -> bool:
-    return settings.DEBUG or host.lower() in settings.DELAYPAY_WEBHOOK_ALLOW_HOSTS
-
-
 def address_refusal(address: str) -> str | None:
-    """Why ``address`` may not receive webhooks, or None when it may."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])  # drop an IPv6 zone
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    for attribute in ("is_unspecified", "is_loopback", "is_link_local", "is_multicast", "is_reserved", "is_private"):
-        if getattr(ip, attribute):
-            return f"{ip} is a {attribute.removeprefix('is_').replace('_', '-')} address"
-    if not ip.is_global:  # shared address space (100.64/10) and the like
-        return f"{ip} is not a public address"
-    return None
+    """Why ``address`` may not receive webhooks (the registry entry it falls in), or None
+    when it may."""
+    return addresses.address_refusal(address)
+
+
+def _allowed(host: Host) -> bool:
+    return settings.DEBUG or host.name in addresses.allow_list(settings.DELAYPAY_WEBHOOK_ALLOW_HOSTS)
 
 
 def _split(url: str):
+    if len(url) > MAX_URL_LENGTH:
+        raise WebhookURLRefused(f"at most {MAX_URL_LENGTH} characters")
     try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise WebhookURLRefused(f"not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise WebhookURLRefused("the URL must be https://host/...")
-    if parts.username is not None or parts.password is not None:
-        raise WebhookURLRefused("credentials in the URL are not allowed; the signature authenticates us")
+        parts, host, port = addresses.split_url(url)
+    except addresses.Refused as exc:
+        raise WebhookURLRefused(str(exc)) from None
     if parts.fragment:
         raise WebhookURLRefused("a fragment (#...) is not sent to a server")
-    return parts, port or (443 if parts.scheme == "https" else 80)
+    try:
+        httpx.URL(url)  # the client that sends deliveries must read it too
+    except httpx.InvalidURL as exc:
+        raise WebhookURLRefused(f"not a URL the HTTP client accepts ({exc})") from None
+    return parts, host, port
 
 
 def validate_endpoint_url(url: str) -> None:
     """Refuse (``WebhookURLRefused``) a URL webhooks may not be sent to, at save time."""
-    if len(url) > 2000:
-        raise WebhookURLRefused("at most 2000 characters")
-    parts, _ = _split(url)
-    host = parts.hostname
-    if _allowed_host(host):
+    parts, host, _ = _split(url)
+    if _allowed(host):
         return
     if parts.scheme != "https":
         raise WebhookURLRefused("only https:// URLs are allowed")
-    if host.lower().rstrip(".") in _LOCAL_NAMES or host.lower().endswith(".localhost"):
-        raise WebhookURLRefused(f"{host} is a loopback name")
-    try:
-        reason = address_refusal(host)
-    except ValueError:  # a name, not a literal address: checked at delivery time
-        return
+    reason = addresses.host_refusal(host)  # a name's addresses are checked at delivery time
     if reason:
         raise WebhookURLRefused(reason)
 
@@ -104,26 +100,19 @@ def resolve_target(url: str) -> Target:
     (before any socket is opened) when the URL or any address its host resolves to is
     not allowed."""
     try:
-        parts, port = _split(url)
+        parts, host, port = _split(url)
     except WebhookURLRefused as exc:
         raise DeliveryRefused(exc.reason) from None
-    host = parts.hostname
-    allowed = _allowed_host(host)
-    if parts.scheme != "https" and not allowed:
+    if parts.scheme != "https" and not _allowed(host):
         raise DeliveryRefused("only https:// URLs are allowed")
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError) as exc:
-        raise DeliveryRefused(f"cannot resolve {host}: {exc}") from None
-    # IPv4 first: a receiver listening on 127.0.0.1 is reachable as "localhost" too.
-    addresses = sorted(dict.fromkeys(info[4][0] for info in infos), key=lambda a: ":" in a)
-    if not addresses:
-        raise DeliveryRefused(f"{host} resolves to no address")
-    if not allowed:
         # Every address, not only the first: a name that also resolves to a private
         # address is refused whichever one a resolver would have picked.
-        for address in addresses:
-            reason = address_refusal(address)
-            if reason:
-                raise DeliveryRefused(f"{host} resolves to {reason}")
-    return Target(host=host, address=addresses[0], port=port)
+        found = addresses.resolve(host, port, allowed=_allowed)
+    except addresses.Refused as exc:
+        raise DeliveryRefused(str(exc)) from None
+    except (OSError, UnicodeError) as exc:
+        raise DeliveryRefused(f"cannot resolve {host.name}: {exc}") from None
+    # IPv4 first: a receiver listening on 127.0.0.1 is reachable as "localhost" too.
+    address = sorted(found, key=lambda a: ":" in a)[0]
+    return Target(host=host.name, address=address, port=port)
