@@ -1,5 +1,9 @@
-"""Docs that name code are claims about it: the settings the configuration page lists, and
-the files, tests, settings and error codes the threat model names, must exist."""
+"""Docs that name code are claims about it, kept true here: every setting is in the
+configuration page; every Procfile process is in the production guide; every alert rule has
+a row in the operations reference and a runbook section; every metric the code exports is
+in the operations reference; every test file the docs name exists; and the files, tests,
+settings and error codes the threat model names exist. (Broken links and anchors fail
+`make docs`: mkdocs.yml's validation, strict.)"""
 
 import re
 from pathlib import Path
@@ -17,6 +21,58 @@ def test_every_delaypay_setting_is_in_the_configuration_page():
     page = (DOCS / "reference" / "configuration.md").read_text()
     names = set(re.findall(r'"(DELAYPAY_[A-Z0-9_]+)"', source))
     assert names and not sorted(n for n in names if f"`{n}`" not in page)
+
+
+def procfile_processes() -> list[str]:
+    lines = (ROOT / "Procfile").read_text().splitlines()
+    return [line.split(":", 1)[0] for line in lines if line and not line.startswith("#")]
+
+
+def test_every_procfile_process_is_in_the_production_guide():
+    """A deployment that follows the guide runs every process (it once left out webhooks and
+    payouts: no webhook, no payout, ever)."""
+    guide = (DOCS / "how-to" / "run-in-production.md").read_text()
+    processes = procfile_processes()
+    assert {"web", "worker", "promoter", "beat", "webhooks", "payouts"} <= set(processes)
+    assert not [p for p in processes if f"`{p}`" not in guide]
+
+
+def alert_names() -> list[str]:
+    return re.findall(r"^\s*- alert: (\w+)", (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text(), re.M)
+
+
+def test_every_alert_has_a_row_and_a_runbook_section():
+    operations = (DOCS / "reference" / "operations.md").read_text()
+    runbook = (DOCS / "how-to" / "respond-to-alerts.md").read_text()
+    alerts = alert_names()
+    assert len(alerts) > 10
+    assert not [a for a in alerts if not re.search(rf"^\| `{a}` \|", operations, re.M)], "rows in operations.md"
+    # A section of the runbook, or an alert whose annotation sends the reader to another how-to.
+    missing = [a for a in alerts if not re.search(rf"^## {a} \(", runbook, re.M)]
+    assert not missing, f"sections in respond-to-alerts.md: {missing}"
+
+
+# Where the code names a metric: prometheus_client's instruments, and the families the
+# scrape-time collectors build.
+METRIC = re.compile(
+    r"(?:Counter|Gauge|Histogram|Summary|GaugeMetricFamily|CounterMetricFamily)\(\s*\"(delaypay_[a-z0-9_]+)\""
+)
+
+
+def test_every_exported_metric_is_in_the_operations_reference():
+    operations = (DOCS / "reference" / "operations.md").read_text()
+    names = set()
+    for package in ("payments", "ledger", "webhooks", "delaypay", "common", "rails"):
+        for path in (ROOT / package).rglob("*.py"):
+            names |= set(METRIC.findall(path.read_text()))
+    assert len(names) > 20
+    assert not sorted(n for n in names if f"`{n}" not in operations)
+
+
+def test_every_test_file_the_docs_name_exists():
+    texts = [(ROOT / "README.md").read_text(), *(p.read_text() for p in DOCS.rglob("*.md"))]
+    named = {m for text in texts for m in re.findall(r"tests/[\w/]+\.py", text)}
+    assert named and not sorted(n for n in named if not (ROOT / n).exists())
 
 
 def test_the_threat_model_names_only_what_exists():
