@@ -173,6 +173,12 @@ class PayeeNotFound(DomainError):
     default_detail = "No such payee."
 
 
+class PayeeDeleteForbidden(StaffActionForbidden):
+    """Staff may read every payee (``payments.view_payee``), but only its owner deletes one."""
+
+    default_detail = "You may read this payee but only its owner may delete it."
+
+
 class PayeeInUse(DomainError):
     """Delete of a payee with payouts (or series) still pending."""
 

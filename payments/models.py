@@ -60,6 +60,9 @@ class FailureReason(models.TextChoices):
     EXPIRED = "expired"  # could not start by execute_at + expires_after
     RESOLVED_BY_STAFF = "resolved_by_staff"  # a NEEDS_REVIEW payment resolved as failed (reason in its event)
     DECLINED = "declined"  # a payout the rail declined: the reserved funds went back to the payer
+    # A payout whose payee was deleted before its funds were reserved (payee_delete refuses
+    # that; the executor checks it all the same): nothing moved.
+    PAYEE_DELETED = "payee_deleted"
 
 
 class ReviewReason(models.TextChoices):

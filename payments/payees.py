@@ -2,8 +2,8 @@
 of a parked payout against its rail. Reads are scoped like payments: a payee is its
 owner's; staff with ``payments.view_payee`` read every one."""
 
-from django.db import connection, transaction
-from django.db.models import QuerySet
+from django.db import connection, models, transaction
+from django.db.models import Func, QuerySet
 from django.db.models.functions import Now
 
 from common.authz import staff_may_view
@@ -11,7 +11,7 @@ from ledger.services import ledger_resolve_pending
 from rails.base import Declined, NotFound, Paid, get_rail
 
 from . import sql
-from .exceptions import PayeeInUse, PayeeNotFound, PaymentValidationError, PayoutPaidAtRail
+from .exceptions import PayeeDeleteForbidden, PayeeInUse, PayeeNotFound, PaymentValidationError, PayoutPaidAtRail
 from .exceptions import RailUnavailable as RailUnavailableError
 from .models import (
     FailureReason,
@@ -47,19 +47,53 @@ def payee_create(*, owner, name: str, rail: str, destination: str) -> Payee:
     return Payee.objects.create(owner=owner, name=name, rail=rail, destination=destination)
 
 
+def payee_lock(*, payee_id: str, owner_id: int) -> str | None:
+    """The rail of ``owner_id``'s payee ``payee_id``, share-locked until the caller's
+    transaction ends; None when there is no such payee of theirs or it is deleted.
+
+    Whatever creates something that pays a payee (a payout, a series, an occurrence) takes
+    this lock before inserting it, so that ``payee_delete`` and the creation are
+    serialized on the payee's row (sql.LOCK_PAYEE): one of them wins, the other is
+    refused. Take it before any other lock the creation needs except the series' own row
+    (the per-payer limits' advisory lock comes after): a delete waits only on this row
+    and holds nothing else, so no cycle runs through it."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("payee_lock outside a transaction would release the lock at once")
+    with connection.cursor() as cur:
+        cur.execute(sql.LOCK_PAYEE, {"id": payee_id, "owner": owner_id})
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
+class StatementTimestamp(Func):
+    """The database clock when the statement started (``now()`` is the transaction's)."""
+
+    function = "statement_timestamp"
+    output_field = models.DateTimeField()
+
+
 def payee_delete(*, user, payee_id: str) -> Payee:
     """Hide the caller's payee (the payouts made to it keep pointing at it). Refused while
     payouts to it are pending or an active or paused series pays it. Deleting twice
-    answers 404 the second time, as for any payee one cannot see."""
+    answers 404 the second time, as for any payee one cannot see; a payee the caller may
+    read but does not own (staff with ``payments.view_payee``) is 403.
+
+    The row is locked FOR UPDATE before counting: a payout or series being created to
+    it holds a share lock (``payee_lock``) until it commits, so the count sees it, or the
+    creation, waiting for this lock, finds the payee deleted. ``deleted_at`` is the time
+    of the update, after the count: a payout that finished before it was counted has an
+    earlier ``executed_at`` (reconciliation's payout_to_deleted_payee relies on it)."""
     with transaction.atomic():
         payee = Payee.objects.select_for_update().filter(pk=payee_id, owner=user, deleted_at__isnull=True).first()
         if payee is None:
+            if payee_visible_to(user=user).filter(pk=payee_id).exists():
+                raise PayeeDeleteForbidden()
             raise PayeeNotFound()
         pending = ScheduledPayment.objects.filter(to_payee=payee, status__in=PENDING_STATUSES).count()
         pending += payee.series.filter(status__in=[RecurringStatus.ACTIVE, RecurringStatus.PAUSED]).count()
         if pending:
             raise PayeeInUse(pending)
-        Payee.objects.filter(pk=payee.pk).update(deleted_at=Now())
+        Payee.objects.filter(pk=payee.pk).update(deleted_at=StatementTimestamp())
     payee.refresh_from_db()
     return payee
 

@@ -86,11 +86,11 @@ class Answer:
         return not isinstance(self.result, Unknown)
 
 
-def _locked(rows) -> tuple[list[LockedPayment], dict[str, tuple[str, str, str | None]]]:
+def _locked(rows) -> tuple[list[LockedPayment], dict[str, tuple[str, str, str | None, bool]]]:
     locked, extra = [], {}
     for row in rows:
         locked.append(LockedPayment(*row[:9]))
-        extra[row[0]] = (row[9], row[10], row[11])  # rail, destination, payout state
+        extra[row[0]] = (row[9], row[10], row[11], row[12])  # rail, destination, payout state, payee deleted
     locked.sort(key=lambda p: (p.execute_at, p.id))
     return locked, extra
 
@@ -119,7 +119,7 @@ def prepare(pairs: list[Pair], *, worker: str) -> tuple[list[Work], BatchResult]
         new: list[LockedPayment] = []
         budget = settings.DELAYPAY_MAX_ATTEMPTS
         for p in locked:
-            rail, destination, state = extra[p.id]
+            rail, destination, state, payee_deleted = extra[p.id]
             if p.tries > budget:
                 reason = ReviewReason.OUTCOME_UNKNOWN if state else ReviewReason.ATTEMPTS_EXHAUSTED
                 decisions.append(_park(p, reason=reason, error=f"started {p.tries} times; the budget is {budget}"))
@@ -129,6 +129,12 @@ def prepare(pairs: list[Pair], *, worker: str) -> tuple[list[Work], BatchResult]
                 decisions.append(Decision(p, PaymentStatus.FAILED, ExecutionAttempt.Outcome.FAILED,
                                           failure_reason=FailureReason.EXPIRED,
                                           error="could not start by execute_at + expires_after"))
+            elif payee_deleted:
+                # Never expected (payee_delete refuses while a payout to the payee is pending);
+                # nothing is reserved yet, so nothing is sent to a payee its owner deleted.
+                decisions.append(Decision(p, PaymentStatus.FAILED, ExecutionAttempt.Outcome.FAILED,
+                                          failure_reason=FailureReason.PAYEE_DELETED,
+                                          error="the payee was deleted while the payout was pending"))
             else:
                 new.append(p)
         reserved = ledger_reserve_batch(reservations=[

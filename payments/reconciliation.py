@@ -87,6 +87,7 @@ CHECKS: dict[str, str] = {
     "two_phase_transfers": "pending transfer without exactly its pend: transfer and the post: or void: its state says",
     "pending_transfer_stale": "funds reserved for a payout for longer than DELAYPAY_RECONCILE_PENDING_SECONDS "
     "(not parked for review)",
+    "payout_to_deleted_payee": "payout pending to a deleted payee, or executed after its payee was deleted",
     "clearing_mismatch": "a rail's clearing account does not hold exactly its pending reserves",
     "webhook_events": "terminal payment with more than one webhook event, or one not of its terminal type, or none "
     "while its owner's endpoint was subscribed (or a payment not terminal with such an event)",

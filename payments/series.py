@@ -36,6 +36,7 @@ from .exceptions import (
     VersionMismatch,
 )
 from .models import PaymentEvent, PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
+from .payees import payee_lock
 from .rules import Rule, RuleError, check_rule, check_start, next_occurrence, nth_occurrence, occurrences_between
 from .services import (
     _check_amount,
@@ -131,7 +132,15 @@ def _record(rec_id: str, kind: str, actor, data: dict | None = None, actor_name:
 def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPayment | None:
     """Create the occurrence at ``occurrence_at`` and move the schedule past it. The
     caller holds the schedule's row lock inside a transaction. None when that slot is
-    taken already: generated before, or cancelled on its own (it stays cancelled)."""
+    taken already: generated before, or cancelled on its own (it stays cancelled). A
+    series of payouts whose payee is deleted ends instead, generating nothing."""
+    rail = ""
+    if rec.to_payee_id is not None:
+        # Held to the end of the transaction: the payee cannot be deleted under the new occurrence.
+        rail = payee_lock(payee_id=rec.to_payee_id, owner_id=rec.payer_id)
+        if rail is None:
+            _end_without_payee(rec)
+            return None
     payment = None
     try:
         with transaction.atomic():
@@ -140,7 +149,7 @@ def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPaymen
                 from_account_id=rec.from_account_id,
                 to_account_id=rec.to_account_id,
                 to_payee_id=rec.to_payee_id,
-                rail=rec.to_payee.rail if rec.to_payee_id else "",
+                rail=rail,
                 amount=rec.amount,
                 execute_at=occurrence_at,
                 recurring_id=rec.id,
@@ -166,6 +175,17 @@ def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPaymen
     if ended:
         _record(rec.id, RecurringEvent.Kind.ENDED, None, {"reason": "series complete"}, actor_name="promoter")
     return payment
+
+
+def _end_without_payee(rec: RecurringPayment) -> None:
+    """End a series of payouts whose payee is gone. Never expected: a payee is not deleted
+    while a series to it is active or paused (payee_delete), and its creation and every
+    generation hold the payee's lock; this keeps a series from ever paying a deleted one."""
+    logger.warning("recurring payment ended: its payee is deleted", extra={"recurring_id": rec.id})
+    RecurringPayment.objects.filter(pk=rec.pk).update(
+        status=RecurringStatus.ENDED, next_occurrence_at=None, updated_at=Now()
+    )
+    _record(rec.id, RecurringEvent.Kind.ENDED, None, {"reason": "payee deleted"}, actor_name="promoter")
 
 
 def _pending(rec_id: str):
@@ -429,6 +449,9 @@ def recurring_update(
         last_at = _validated(Terms(**merged), errors)
         if errors:
             raise PaymentValidationError(errors)
+        if rec.to_payee_id is not None:
+            # The payee's lock before the limits' (payee_lock); _start_from_now needs it.
+            payee_lock(payee_id=rec.to_payee_id, owner_id=rec.payer_id)
         limits.admit_series(payer=rec.payer, to_account_id=rec.to_account_id, terms=Terms(**merged), last_at=last_at,
                             replacing=rec.id)
         old = {f: _jsonable(getattr(rec, f)) for f in allowed}

@@ -26,12 +26,11 @@ from .exceptions import (
 from .models import (
     FailureReason,
     Heartbeat,
-    Payee,
     PaymentEvent,
     PaymentStatus,
     ScheduledPayment,
 )
-from .payees import payout_pending, payout_resolve_failed
+from .payees import payee_lock, payout_pending, payout_resolve_failed
 
 MAX_JITTER_SECONDS = 3600
 MAX_EXPIRES_AFTER = timedelta(days=365)
@@ -79,12 +78,13 @@ def check_accounts(*, payer, from_account_id: str, to_account_id: str, errors: d
 
 
 def check_payee(*, payer, to_payee_id: str, errors: dict[str, list[str]]) -> str:
-    """The payee is the payer's and not deleted; returns its rail."""
-    payee = Payee.objects.filter(pk=to_payee_id, owner=payer, deleted_at__isnull=True).first()
-    if payee is None:
+    """The payee is the payer's and not deleted; returns its rail. In the caller's
+    transaction, which it keeps from deleting the payee until it ends (``payee_lock``)."""
+    rail = payee_lock(payee_id=to_payee_id, owner_id=payer.pk)
+    if rail is None:
         errors.setdefault("to_payee", []).append("No such payee of yours.")
         return ""
-    return payee.rail
+    return rail
 
 
 def check_source(*, payer, source: Account | None, errors: dict[str, list[str]]) -> None:

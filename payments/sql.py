@@ -490,6 +490,27 @@ RETURNING old.amount, old.execute_at, p.version
 
 
 # ======================================================================================
+# Payees (payees.py)
+# ======================================================================================
+
+# The owner's payee, not deleted, locked FOR SHARE to the end of the caller's transaction:
+# taken by whatever creates something that pays it (a payout, a series, an occurrence)
+# before anything is inserted. payee_delete locks the row FOR UPDATE and only then counts
+# what pays the payee, so the two are serialized on the row: either the delete commits
+# first, and this statement, re-reading the row it waited for, finds it deleted (no row:
+# "no such payee"), or the creator commits first and the delete's count sees what it
+# inserted (payee_in_use). FOR SHARE, not KEY SHARE: it conflicts with every change of the
+# row, whatever lock a delete takes. It costs the creator nothing new: the payment's
+# foreign key takes a KEY SHARE lock on the same row at commit, already held by then.
+# %(id)s: the payee, %(owner)s: the payer; returns its rail.
+LOCK_PAYEE = """
+SELECT rail FROM payments_payee
+ WHERE id = %(id)s AND owner_id = %(owner)s AND deleted_at IS NULL
+   FOR SHARE
+"""
+
+
+# ======================================================================================
 # Recurring payments (series.py)
 # ======================================================================================
 
@@ -1046,12 +1067,13 @@ UNION (SELECT payer_id FROM series ORDER BY amount DESC LIMIT %(n)s)
 # ======================================================================================
 
 # The fence of a payout batch (as LOCK_FENCED), with what the rail call needs: the rail,
-# the destination (the one reserved with, else the payee's) and the payout's state
-# (NULL: no funds reserved yet).
+# the destination (the one reserved with, else the payee's), the payout's state (NULL: no
+# funds reserved yet) and whether its payee is deleted (never while a payout to it is
+# pending: payee_delete refuses; read here so that such a payout is not paid all the same).
 LOCK_FENCED_PAYOUTS = """
 SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
        coalesce(p.execute_at + p.expires_after < now(), false) AS expired, p.tries,
-       p.rail, coalesce(o.destination, e.destination), o.state
+       p.rail, coalesce(o.destination, e.destination), o.state, e.deleted_at IS NOT NULL AS payee_deleted
   FROM payments_scheduledpayment p
   JOIN unnest(%(ids)s::text[], %(attempts)s::int[], %(expected)s::text[]) AS m(id, attempt, status)
     ON m.id = p.id AND m.attempt = p.attempt AND m.status = p.status
@@ -1128,7 +1150,9 @@ SELECT r.rail, r.breaker, r.forced, r.opened_at, count(o.payment_id),
 # finished: pending or never reserved) and with its record at the rail; every pending row
 # has its "pend:" transfer and exactly the "post:" or "void:" transfer its state says; no
 # reserve is pending for longer than %(pending)s seconds unless staff hold it in review;
-# each rail's clearing account holds exactly its pending amounts.
+# no payout to a deleted payee is pending, or executed after the payee was deleted
+# (payee_delete writes deleted_at after it has counted the pending payouts, so one that
+# finished before has an earlier executed_at); each rail's clearing account holds exactly its pending amounts.
 RECONCILE_PAYOUTS = r"""
 WITH po AS (
     SELECT p.id, p.status, p.amount, p.from_account_id, p.rail, o.state, o.amount AS o_amount,
@@ -1178,6 +1202,15 @@ WITH po AS (
       LEFT JOIN payments_scheduledpayment p ON p.id = t.key
      WHERE t.state = 'pending' AND t.created_at < now() - make_interval(secs => %(pending)s)
        AND p.status IS DISTINCT FROM 'NEEDS_REVIEW'
+    UNION ALL
+    SELECT 'payout_to_deleted_payee',
+           p.id || ' ' || p.status || ' to ' || e.id || ' deleted '
+              || to_char(e.deleted_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+      FROM payments_payee e
+      JOIN payments_scheduledpayment p ON p.to_payee_id = e.id
+     WHERE e.deleted_at IS NOT NULL
+       AND (p.status IN ('SCHEDULED', 'EXECUTING', 'NEEDS_REVIEW')
+            OR (p.status = 'EXECUTED' AND p.executed_at >= e.deleted_at))
     UNION ALL
     SELECT 'clearing_mismatch', a.id || ' balance ' || a.balance || ', pending ' || coalesce(s.total, 0)
       FROM ledger_account a

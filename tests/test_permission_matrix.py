@@ -179,9 +179,9 @@ API: dict[tuple[str, str], Api] = {
     ("payee-list", "GET"): Api(listing=Listing(VIEW_PAYEE, "payee", "payee_id")),
     ("payee-list", "POST"): Api(ok=201, body={"name": "mine", "rail": "sandbox", "destination": "acct_mine"}),
     ("payee-detail", "GET"): Api(reach=(VIEW_PAYEE,)),
-    # Only its owner deletes a payee: anyone else, staff who may read it included, gets 404
+    # Only its owner deletes a payee: staff who may read it get 403 (NOBODY), anyone else 404
     # (payments/payees.py, payee_delete).
-    ("payee-detail", "DELETE"): Api(reach=(NOBODY,), ok=204),
+    ("payee-detail", "DELETE"): Api(reach=(VIEW_PAYEE,), act=NOBODY, ok=204),
     ("recurring-list", "GET"): Api(listing=Listing(VIEW_RECURRING, "recurring", "recurring_id")),
     ("recurring-list", "POST"): Api(ok=201, body=own_recurring),
     ("recurring-detail", "GET"): Api(reach=(VIEW_RECURRING,)),

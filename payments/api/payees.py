@@ -75,10 +75,12 @@ class PayeeDetailView(ApiView):
         summary="Delete one of your payees",
         description=(
             "204. The payouts already made to it keep pointing at it. 409 payee_in_use while payouts to it "
-            "are SCHEDULED, EXECUTING or NEEDS_REVIEW, or a recurring payment to it is active or paused."
+            "are SCHEDULED, EXECUTING or NEEDS_REVIEW, or a recurring payment to it is active or paused. Only its "
+            "owner deletes a payee: 403 for staff who may read it, 404 for anyone else."
         ),
         parameters=[WWW_AUTHENTICATE],
-        responses={204: None, **errors(*WRITE, 404, 409, e409="payee_in_use: `pending` says how many.")},
+        responses={204: None, **errors(*WRITE, 403, 404, 409, e409="payee_in_use: `pending` says how many.",
+                                       e403="permission_denied: you may read this payee, only its owner deletes it.")},
     )
     def delete(self, request, payee_id: str):
         payee_delete(user=request.user, payee_id=payee_id)

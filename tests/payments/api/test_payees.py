@@ -2,8 +2,9 @@
 with to_payee instead of to_account (exactly one of them)."""
 
 import pytest
+from django.contrib.auth.models import Permission
 
-from payments.models import Payout, ScheduledPayment
+from payments.models import Payee, Payout, ScheduledPayment
 from tests.api import assert_error, future, post
 from tests.conftest import client_for
 from tests.factories import UserFactory, funded_account
@@ -29,6 +30,21 @@ def test_a_payee_is_created_listed_read_and_deleted_by_its_owner_only(api, user)
     assert api.delete(f"/api/v1/payees/{body['payee_id']}").status_code == 204
     assert_error(api.get(f"/api/v1/payees/{body['payee_id']}"), 404, "not_found")
     assert api.get("/api/v1/payees").json()["items"] == []
+
+
+def test_staff_who_may_read_a_payee_may_not_delete_it_403_and_anyone_else_404(api, user):
+    body = payee(api)
+    reader = UserFactory(is_staff=True)
+    reader.user_permissions.add(Permission.objects.get(codename="view_payee", content_type__app_label="payments"))
+    staff = client_for(reader)
+    assert staff.get(f"/api/v1/payees/{body['payee_id']}").status_code == 200
+    refused = assert_error(staff.delete(f"/api/v1/payees/{body['payee_id']}"), 403, "permission_denied")
+    assert "only its owner" in refused["detail"]
+    assert_error(client_for(UserFactory(is_staff=True)).delete(f"/api/v1/payees/{body['payee_id']}"), 404, "not_found")
+    assert Payee.objects.get(pk=body["payee_id"]).deleted_at is None
+    assert api.delete(f"/api/v1/payees/{body['payee_id']}").status_code == 204
+    # Deleted, it is no one's to read: 404 for the reader too.
+    assert_error(staff.delete(f"/api/v1/payees/{body['payee_id']}"), 404, "not_found")
 
 
 @pytest.mark.parametrize(("field", "value"), [("rail", "swift"), ("destination", "has space"),
