@@ -9,8 +9,9 @@ Two kinds, both served by ``GET /metrics`` (delaypay/views.py):
   every process of the host (delaypay/prometheus.py).
 * State read at scrape time (``ScheduleCollector``): the schedule's lag from the
   operational selectors, the review queue's size and age, counts per status (cached),
-  heartbeats of the promoter and of reconcile (a table, so any host sees them), and
-  the Celery queues in Redis.
+  heartbeats of the promoter, of reconcile and of settlement reconciliation (a table, so
+  any host sees them, after the process that wrote them exited), and the Celery queues
+  in Redis.
 
 Names and meanings are listed in docs/reference/operations.md ("Metrics").
 """
@@ -30,7 +31,7 @@ from prometheus_client.registry import Collector
 
 from common import broker
 
-from . import partitions, selectors, services
+from . import partitions, selectors, services, settlement
 from .execution import BatchResult
 from .models import Heartbeat
 
@@ -79,6 +80,11 @@ batch_apply_seconds = Histogram(
     "Time to apply one execute message (a batch), bisection included.",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+# The only gauge here that a process sets rather than /metrics reading it at scrape time:
+# it is that process's state (a promoter that exits is not degraded any more), so it
+# leaves with it (livemax).
+# Anything an alert reads about persistent state is read from the database at scrape time
+# (ScheduleCollector), or it would vanish with the process that set it.
 degraded_mode = Gauge(
     "delaypay_degraded_mode",
     "1 while this promoter executes due payments from the database because Redis is down (payments/fallback.py).",
@@ -111,12 +117,6 @@ rail_call_seconds = Histogram(
     "Time of one call to a payment rail (submit or lookup), timeouts included.",
     ["rail", "call"],
     buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
-)
-settlement_mismatches = Gauge(
-    "delaypay_settlement_mismatches",
-    "Mismatches the last settlement reconciliation found for a rail (reconcile_settlement), by kind.",
-    ["rail", "kind"],
-    multiprocess_mode="livemax",
 )
 # Every label value exported from the start (at 0), so rate() and the alerts see a series
 # before the first failure or refusal, in every process.
@@ -366,6 +366,22 @@ class ScheduleCollector(Collector):
                 GaugeMetricFamily("delaypay_reconcile_last_run_timestamp",
                                   "Unix time of the last reconcile run.", value=reconcile.beat_at.timestamp()),
             ]
+        runs = settlement.last_runs(beats)
+        if runs:
+            mismatches = GaugeMetricFamily(
+                "delaypay_settlement_mismatches",
+                "Mismatches the last settlement reconciliation of a rail found (reconcile_settlement), by kind; "
+                "read from its heartbeats.", labels=["rail", "kind"],
+            )
+            last_run = GaugeMetricFamily(
+                "delaypay_settlement_last_run_timestamp", "Unix time of the last settlement reconciliation of a rail.",
+                labels=["rail"],
+            )
+            for run in runs:
+                for kind, n in run.mismatches.items():
+                    mismatches.add_metric([run.rail, kind], n)
+                last_run.add_metric([run.rail], run.at.timestamp())
+            families += [mismatches, last_run]
         return families
 
     def _redis(self) -> list[GaugeMetricFamily]:

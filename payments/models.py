@@ -608,13 +608,18 @@ class Heartbeat(models.Model):
     ``promoter`` is written by every promoter tick (readiness and the stalled-promoter
     alert read it), and ``promoter:shard:K`` by every tick of claim shard K when the claim
     is sharded (the stalled-shard alert reads those); ``reconcile`` by the reconcile
-    command (``value`` = violations found).
+    command (``value`` = violations found); ``settlement:<rail>`` by each settlement
+    reconciliation of a rail (``value`` = mismatches found) and, in the same statement,
+    ``stl:<rail>:<kind>`` with that run's count of each kind (payments/settlement.py; the
+    short prefix keeps the name within 40 characters).
     Times come from the database clock, so hosts' clocks never disagree about an age.
     """
 
     PROMOTER = "promoter"
     RECONCILE = "reconcile"
     PROMOTER_SHARD = "promoter:shard:"  # + the shard's index: its ticks, when DELAYPAY_CLAIM_SHARDS > 1
+    SETTLEMENT = "settlement:"  # + a rail: its last settlement reconciliation
+    SETTLEMENT_KIND = "stl:"  # + rail:kind: that run's mismatches of one kind
 
     name = models.CharField(primary_key=True, max_length=40)
     beat_at = models.DateTimeField(db_default=Now())
@@ -626,6 +631,10 @@ class Heartbeat(models.Model):
     @classmethod
     def shard_name(cls, index: int) -> str:
         return f"{cls.PROMOTER_SHARD}{index}"
+
+    @classmethod
+    def settlement_name(cls, rail: str, kind: str | None = None) -> str:
+        return f"{cls.SETTLEMENT}{rail}" if kind is None else f"{cls.SETTLEMENT_KIND}{rail}:{kind}"
 
 
 # --- Payouts: money that leaves the ledger through a payment rail (docs/reference/payouts.md)

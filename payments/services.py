@@ -480,9 +480,15 @@ def payment_resolve(
 
 def heartbeat_record(*, name: str, value: int = 0) -> None:
     """Record that ``name`` ran just now (database clock), with what it reported."""
+    heartbeats_record(values={name: value})
+
+
+def heartbeats_record(*, values: dict[str, int]) -> None:
+    """``heartbeat_record`` of several names in one statement: they share one ``beat_at``,
+    which tells the readings of one run apart from those of an earlier one."""
     # beat_at is left to its database default, now(), in the insert and the update alike.
     Heartbeat.objects.bulk_create(
-        [Heartbeat(name=name, value=value)],
+        [Heartbeat(name=name, value=value) for name, value in values.items()],
         update_conflicts=True,
         unique_fields=["name"],
         update_fields=["beat_at", "value"],

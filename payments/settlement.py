@@ -10,7 +10,10 @@ sides agree on the day by construction, whatever the time between the rail payin
 us hearing of it.
 
 Read-only: the rail is called first, outside any transaction, then the database is read
-in one REPEATABLE READ snapshot. Only the metrics and a heartbeat are written.
+in one REPEATABLE READ snapshot. Only heartbeats are written: the run's total and its
+count of each kind (``record``), from which every web process's /metrics exports
+``delaypay_settlement_mismatches`` (``last_runs``), whichever process or host ran it and
+long after it exited.
 """
 
 import logging
@@ -18,13 +21,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as clock
+from typing import TYPE_CHECKING
 
 from django.db import connection, transaction
 
 from rails.base import RAIL_NAMES, RailUnavailable, SettlementRow, get_rail
 
-from . import metrics, services, sql
-from .models import PaymentStatus, Payout, PayoutState, ScheduledPayment
+from . import services, sql
+from .models import Heartbeat, PaymentStatus, Payout, PayoutState, ScheduledPayment
+
+if TYPE_CHECKING:
+    from .selectors import HeartbeatReading
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +170,7 @@ def _compare(found: _Found, row: SettlementRow, ours: _Ours) -> bool:
 
 def reconcile_settlement(*, rail: str, day: date, sample_limit: int = 20) -> SettlementReport:
     """Match ``rail``'s settlement report of ``day`` (UTC) against our payouts, record the
-    metrics and the heartbeat, log what differs; raises ``RailUnavailable``."""
+    heartbeats (``record``), log what differs; raises ``RailUnavailable``."""
     started = time.monotonic()
     rows = get_rail(rail).settlement_report(day=day)  # outside any transaction: a network call
     by_key: dict[str, list[SettlementRow]] = {}
@@ -199,11 +206,14 @@ def reconcile_settlement(*, rail: str, day: date, sample_limit: int = 20) -> Set
 
 
 def record(report: SettlementReport) -> None:
-    """Feed ``delaypay_settlement_mismatches`` (every kind, 0 included), the rail's
-    heartbeat, and the log: an ERROR per kind found (ids and amounts only), else one INFO."""
-    for result in report.kinds:
-        metrics.settlement_mismatches.labels(report.rail, result.kind).set(result.count)
-    services.heartbeat_record(name=f"settlement:{report.rail}", value=report.mismatches)
+    """Record the run in the database, the rail's total and its count of every kind (0
+    included), as heartbeats written in one statement (one ``beat_at``): /metrics reads
+    them (``last_runs``). Then the log: an ERROR per kind found (ids and amounts only),
+    else one INFO."""
+    services.heartbeats_record(values={
+        Heartbeat.settlement_name(report.rail): report.mismatches,
+        **{Heartbeat.settlement_name(report.rail, result.kind): result.count for result in report.kinds},
+    })
     for result in report.kinds:
         if not result.ok:
             logger.error(
@@ -213,6 +223,37 @@ def record(report: SettlementReport) -> None:
     if report.ok:
         logger.info("settlement of %s on %s clean: %d rows, %d matched, %.2fs",
                     report.rail, report.day, report.rows_at_rail, report.matched, report.seconds)
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """A rail's last recorded settlement reconciliation, as /metrics exports it."""
+
+    rail: str
+    at: datetime
+    mismatches: dict[str, int]  # kind -> count: every kind, and "unknown" when the kinds do not add up
+
+
+def last_runs(beats: dict[str, "HeartbeatReading"]) -> list[LastRun]:
+    """Each rail's last run from the heartbeats ``record`` wrote (``beats``:
+    selectors.heartbeat_readings()); a rail never reconciled has none. The total is the
+    truth: a kind counts only when written by the same run (the same ``beat_at``), and
+    what the kinds leave of the total (a run recorded before the kinds were) is
+    ``unknown``, so that the alert still fires on it."""
+    runs = []
+    for rail in RAIL_NAMES:
+        total = beats.get(Heartbeat.settlement_name(rail))
+        if total is None:
+            continue
+        counts = dict.fromkeys(KINDS, 0)
+        for kind in KINDS:
+            beat = beats.get(Heartbeat.settlement_name(rail, kind))
+            if beat is not None and beat.beat_at == total.beat_at:
+                counts[kind] = beat.value
+        if total.value > sum(counts.values()):
+            counts["unknown"] = total.value - sum(counts.values())
+        runs.append(LastRun(rail, total.beat_at, counts))
+    return runs
 
 
 def reconcile_settlement_all(*, day: date, sample_limit: int = 10) -> list[SettlementReport]:

@@ -14,7 +14,7 @@ from django.conf import settings
 
 from payments import metrics
 from payments.models import Heartbeat, RailState
-from payments.services import heartbeat_record
+from payments.services import heartbeat_record, heartbeats_record
 
 from .scrape import scrape
 
@@ -74,7 +74,8 @@ def exported(db, settings) -> dict[str, set[str]]:
         metrics.executed_total.labels(outcome, "").inc(0)
     metrics.executed_total.labels("failed", "insufficient_funds").inc(0)
     RailState.objects.get_or_create(rail="sandbox")  # the rails' gauges come from their rows
-    metrics.settlement_mismatches.labels(rail="sandbox", kind="amount_mismatch").set(0)  # a settlement run
+    heartbeats_record(values={Heartbeat.settlement_name("sandbox"): 0,  # a settlement run
+                              Heartbeat.settlement_name("sandbox", "amount_mismatch"): 0})
     scrape()  # the first request creates the per-view request metrics
     names: dict[str, set[str]] = {}
     for key in scrape():

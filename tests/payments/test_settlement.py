@@ -4,18 +4,24 @@ our records, each found as exactly its kind."""
 
 import json
 import logging
+import os
+import subprocess  # nosec B404: manage.py run as its own process, as an operator runs it
+import sys
 from datetime import UTC, timedelta
 from io import StringIO
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from payments import metrics
+from devtools.processes import database_url
 from payments.models import Heartbeat, Payout, ScheduledPayment
+from payments.services import heartbeats_record
 from payments.settlement import KINDS, reconcile_settlement, reconcile_settlement_all
 from rails.base import RailUnavailable
 from tests.factories import due_payout, funded_account, payee_for, work_payouts
+from tests.ops.scrape import scrape
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_rail")]
 
@@ -38,8 +44,17 @@ def paid():
     return executed, days.pop()
 
 
+def mismatches() -> dict[str, float]:
+    """``delaypay_settlement_mismatches`` of the sandbox rail on /metrics, by kind."""
+    prefix = 'delaypay_settlement_mismatches{kind="'
+    return {
+        key[len(prefix):].split('"', 1)[0]: value for key, value in scrape().items()
+        if key.startswith(prefix) and key.endswith(',rail="sandbox"}')
+    }
+
+
 def gauge(kind: str) -> float:
-    return metrics.settlement_mismatches.labels("sandbox", kind)._value.get()
+    return mismatches()[kind]
 
 
 def only(report, kind: str, count: int = 1):
@@ -54,9 +69,9 @@ def test_a_clean_day_matches_every_executed_payout(paid, caplog):
     assert report.ok and report.mismatches == 0
     assert (report.rows_at_rail, report.payouts_here, report.matched) == (3, 3, 3)  # the declined one is in neither
     assert [k.kind for k in report.kinds] == list(KINDS)
-    assert all(gauge(kind) == 0 for kind in KINDS)
+    assert mismatches() == dict.fromkeys(KINDS, 0)
     assert Heartbeat.objects.get(name="settlement:sandbox").value == 0
-    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert [r.levelname for r in caplog.records if r.name == "payments.settlement"] == ["INFO"]
 
 
 def test_a_payout_unknown_to_us_is_paid_at_rail_not_executed(paid, rail_gateway, caplog):
@@ -109,6 +124,61 @@ def test_a_payout_missing_from_the_report_is_executed_not_at_rail(paid, rail_gat
     only(report, "executed_not_at_rail")
     assert report.get("executed_not_at_rail").samples[0].startswith(f"{executed[1]} ")
     assert (report.rows_at_rail, report.payouts_here, report.matched) == (2, 3, 2)
+
+
+def test_each_kind_is_recorded_with_the_total_by_one_run(paid, rail_gateway):
+    executed, day = paid
+    rail_gateway.inject(kind="amount", idempotency_key=executed[0], amount=999)
+    rail_gateway.inject(kind="remove", idempotency_key=executed[1])
+    reconcile_settlement(rail="sandbox", day=day)
+    beats = {hb.name: hb for hb in Heartbeat.objects.filter(name__contains="sandbox")}
+    assert {name: hb.value for name, hb in beats.items()} == {
+        "settlement:sandbox": 2, **{f"stl:sandbox:{kind}": 0 for kind in KINDS},
+        "stl:sandbox:amount_mismatch": 1, "stl:sandbox:executed_not_at_rail": 1,
+    }
+    assert len({hb.beat_at for hb in beats.values()}) == 1  # one statement: one run
+    assert mismatches() == {**dict.fromkeys(KINDS, 0), "amount_mismatch": 1, "executed_not_at_rail": 1}
+
+
+def test_a_total_its_kinds_do_not_account_for_is_exported_as_unknown():
+    """A run recorded with its total only (a release before the kinds were), or kinds left
+    from an earlier run: the total is the truth, the rest of it is kind "unknown"."""
+    heartbeats_record(values={Heartbeat.settlement_name("sandbox", "amount_mismatch"): 1})
+    heartbeats_record(values={Heartbeat.settlement_name("sandbox"): 3})
+    assert mismatches() == {**dict.fromkeys(KINDS, 0), "unknown": 3}
+
+
+def test_no_settlement_run_no_series():
+    samples = scrape()
+    assert not any(key.startswith("delaypay_settlement_") for key in samples)
+
+
+def test_heartbeat_names_fit_their_column():
+    from rails.base import RAIL_NAMES
+
+    longest = max(len(Heartbeat.settlement_name(rail, kind)) for rail in RAIL_NAMES for kind in KINDS)
+    assert longest <= Heartbeat._meta.get_field("name").max_length
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_mismatch_found_by_a_process_that_exited_stays_on_metrics(paid, rail_gateway):
+    """reconcile_settlement run as a process of its own, as an operator or a cron job runs
+    it, finds two mismatches and exits 1; /metrics, served by another process (this one),
+    still exports them, with the time of the run."""
+    executed, day = paid
+    rail_gateway.inject(kind="remove", idempotency_key=executed[0])
+    rail_gateway.inject(kind="amount", idempotency_key=executed[1], amount=999)
+    env = {**os.environ, "DATABASE_URL": database_url(), "DELAYPAY_RAIL_SANDBOX_URL": rail_gateway.url}
+    done = subprocess.run(  # nosec B603: a fixed command line
+        [sys.executable, "manage.py", "reconcile_settlement", "--date", day.isoformat(), "--rail", "sandbox"],
+        cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "sandbox" in done.stdout and "2 mismatches" in done.stdout
+    samples = scrape()
+    assert mismatches() == {**dict.fromkeys(KINDS, 0), "amount_mismatch": 1, "executed_not_at_rail": 1}
+    ran_at = Heartbeat.objects.get(name="settlement:sandbox").beat_at.timestamp()
+    assert samples['delaypay_settlement_last_run_timestamp{rail="sandbox"}'] == ran_at
 
 
 def test_another_destination_is_payee_mismatch_and_never_shown(paid, caplog):
