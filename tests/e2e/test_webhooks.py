@@ -179,12 +179,15 @@ def test_worker_and_dispatcher_sigkilled_mid_delivery_lose_no_event(celery_stack
     with receiver_process(tmp_path, delay=1.0) as receiver:
         subscribe(alice.owner, receiver)
         subscribe(carol.owner, receiver)
-        payments = [schedule(alice, bob, 10, 3 + 0.4 * i) for i in range(16)]
+        # The stack first, then the payments, due over the next 3 to 12 s: were they
+        # scheduled first, a slow start (a loaded machine) could find them all due at once
+        # and finish them before the kill.
+        start_stack(celery_stack)
+        payments = [schedule(alice, bob, 10, 3 + 0.6 * i) for i in range(16)]
         payments += [schedule(carol, bob, 10, 3 + 1.5 * i) for i in range(4)]  # the last two fail
         for p in payments[1:16:5]:
             payment_cancel(payment_id=p.id, actor=alice.owner)
         ids = [p.id for p in payments]
-        start_stack(celery_stack)
 
         # The worker dies while payments are due and unfinished.
         wait_until(
