@@ -26,8 +26,10 @@ to spend long here (docs/reference/api.md, "Bounds"):
 * ``start_at`` lies in [EARLIEST, LATEST] and no occurrence falls after LATEST, so no
   date arithmetic in any time zone can leave the calendar. A series whose next instant
   would fall after LATEST has run out: it has no next occurrence.
-* An interval is at most MAX_INTERVAL_YEARS long; the occurrence after any instant is
-  found from an estimate of its index plus a few steps, never by walking from the start.
+* An interval is at most MAX_INTERVAL_YEARS long, all of it (``within_interval_bound``:
+  at most 120 calendar months, and weeks, days and time no longer than the months left
+  over last at their shortest); the occurrence after any instant is found from an
+  estimate of its index plus a few steps, never by walking from the start.
 * A cron expression must match at least once in every CRON_MAX_GAP of wall-clock time
   (checked at validation by probing CRON_PROBE_YEARS year boundaries: a constant
   number of croniter steps); every croniter search is capped at that gap, so a rule
@@ -67,6 +69,9 @@ LATEST = datetime(9999, 12, 30, tzinfo=UTC)
 # Longer intervals are refused: they are no use for payments and, compounded by a
 # count, reach instants past LATEST.
 MAX_INTERVAL_YEARS = 10
+MAX_INTERVAL_MONTHS = 12 * MAX_INTERVAL_YEARS
+# The least a calendar year and a calendar month last (in days), as the bound counts them.
+SHORTEST_YEAR_DAYS, SHORTEST_MONTH_DAYS = 365, 28
 MAX_INTERVAL_LENGTH = 40
 MAX_CRON_LENGTH = 120
 MAX_COUNT = 10_000
@@ -161,9 +166,41 @@ def parse_interval(text: str) -> dict[str, int]:
     parts = {k: int(v) for k, v in match.groupdict().items() if v is not None}
     if not any(parts.values()):
         raise RuleError("The interval must be longer than zero.", field="interval")
-    if _approx_seconds(parts) > MAX_INTERVAL_YEARS * 366 * 86400:
-        raise RuleError(f"The interval must be at most {MAX_INTERVAL_YEARS} years.", field="interval")
+    if not within_interval_bound(parts):
+        raise RuleError(
+            f"The interval must be at most {MAX_INTERVAL_YEARS} years (P{MAX_INTERVAL_YEARS}Y, "
+            f"P{MAX_INTERVAL_MONTHS}M or P{_shortest_days(MAX_INTERVAL_MONTHS)}D): weeks, days, hours, minutes and "
+            f"seconds count against the months that years and months leave, at {SHORTEST_YEAR_DAYS} days a year "
+            f"and {SHORTEST_MONTH_DAYS} days a month.",
+            field="interval",
+        )
     return parts
+
+
+def within_interval_bound(parts: dict[str, int]) -> bool:
+    """Whether a duration is at most MAX_INTERVAL_YEARS long, all of it: years and
+    months together at most MAX_INTERVAL_MONTHS, and the fixed part (weeks, days, hours,
+    minutes, seconds) at most what the remaining calendar months last at their shortest
+    (365 days a year, 28 days a month). Conservative: in UTC an accepted interval never
+    takes a start past the same instant MAX_INTERVAL_YEARS later (in another zone, hours
+    being elapsed time, by at most a clock change). P10Y, P120M and P3650D are the
+    longest of their kinds; P10Y1D, P3651D and PT87601H are refused. Integer arithmetic:
+    no size of number overflows it."""
+    months = 12 * parts.get("years", 0) + parts.get("months", 0)
+    if months > MAX_INTERVAL_MONTHS:
+        return False
+    fixed_seconds = (
+        (7 * parts.get("weeks", 0) + parts.get("days", 0)) * 86400
+        + parts.get("hours", 0) * 3600
+        + parts.get("minutes", 0) * 60
+        + parts.get("seconds", 0)
+    )
+    return fixed_seconds <= _shortest_days(MAX_INTERVAL_MONTHS - months) * 86400
+
+
+def _shortest_days(months: int) -> int:
+    """A lower bound of how long ``months`` consecutive calendar months last, in days."""
+    return SHORTEST_YEAR_DAYS * (months // 12) + SHORTEST_MONTH_DAYS * (months % 12)
 
 
 def validate_cron(expression: str) -> None:

@@ -91,7 +91,9 @@ class RecurringListCreateView(ApiView):
             "occurrence after now at once (listed in `occurrences`), each next one when the previous falls due. "
             f"Occurrences are at least {settings.DELAYPAY_MIN_RECURRING_INTERVAL} seconds apart "
             "(DELAYPAY_MIN_RECURRING_INTERVAL). Bounds, each a 400 validation_error naming the field: `start_at` "
-            "from 1970-01-01T00:00:00Z; an interval of at most 10 years; a cron expression that matches at least "
+            "from 1970-01-01T00:00:00Z; an interval of at most 10 years, all of it (P10Y, P120M or P3650D: weeks, "
+            "days and time count against the months that years and months leave, at 365 days a year and 28 a "
+            "month); a cron expression that matches at least "
             f"once every 366 days; `count` at most {MAX_COUNT} ({MAX_CRON_COUNT} with a cron rule)."
         ),
         request=s.RecurringCreateSerializer,

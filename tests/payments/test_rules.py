@@ -133,12 +133,26 @@ def test_a_cron_that_matches_no_date_is_a_rule_error(cron):
     assert next_occurrence(Rule(start_at=utc(2027, 1, 1), cron=cron), after=utc(2027, 1, 1)) is None
 
 
-@pytest.mark.parametrize("text", ["P11Y", "P99999999999999999999D", "PT999999999999S", "P1000000Y"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "P11Y", "P99999999999999999999D", "PT999999999999S", "P1000000Y",
+        # The bound is on the whole duration, not only its years and months (issue 33).
+        "P121M", "P10Y1D", "P10YT1S", "P9Y12M1D", "P9Y11M29D", "P3651D", "P3660D", "P522W", "PT87700H",
+        "PT87601H", "PT5256001M", "PT315360001S", "P1Y3286D",
+    ],
+)
 def test_intervals_longer_than_ten_years_are_refused(text):
-    with pytest.raises(RuleError) as err:
+    with pytest.raises(RuleError, match="at most 10 years") as err:
         parse_interval(text)
     assert err.value.field == "interval"
-    assert parse_interval("P10Y") == {"years": 10}
+
+
+@pytest.mark.parametrize(
+    "text", ["P10Y", "P120M", "P9Y12M", "P9Y11M28D", "P3650D", "P521W3D", "PT87600H", "PT315360000S", "P1Y3285D"]
+)
+def test_intervals_of_at_most_ten_years_are_accepted(text):
+    assert parse_interval(text)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from unittest import mock
 from zoneinfo import ZoneInfo, available_timezones
 
+from dateutil.relativedelta import relativedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -341,3 +342,59 @@ def test_across_clock_changes_occurrences_stay_strictly_increasing_and_apart(cas
     for earlier, later in itertools.pairwise(moments):
         assert later > earlier and (later - earlier).total_seconds() >= min_interval, (earlier, later)
         assert next_occurrence(rule, after=earlier) == later
+
+
+# --- the ten-year bound on an interval --------------------------------------------------------
+
+
+def shortest_span_days(months: int) -> int:
+    """What ``months`` calendar months last at their shortest, as the bound counts them
+    (docs/reference/api.md, "Bounds"): 365 days a year, 28 days a month."""
+    return 365 * (months // 12) + 28 * (months % 12)
+
+
+@st.composite
+def intervals_near_the_bound(draw) -> tuple[str, int, int]:
+    """An interval whose calendar part is T <= 120 months and whose fixed part (weeks, days,
+    hours, minutes, seconds) lies within a few days of what the bound leaves for it,
+    written in any mix of units; with T and its fixed part in seconds."""
+    months_total = draw(st.integers(0, 121))
+    years = draw(st.integers(0, months_total // 12))
+    months = months_total - 12 * years
+    left = max(0, shortest_span_days(120 - months_total)) * 86400
+    fixed = draw(st.integers(max(0, left - 3 * 86400), left + 2 * 86400))
+    weeks = draw(st.integers(0, fixed // (7 * 86400)))
+    rest = fixed - weeks * 7 * 86400
+    days = draw(st.integers(0, rest // 86400))
+    rest -= days * 86400
+    hours = draw(st.integers(0, rest // 3600))
+    rest -= hours * 3600
+    minutes = draw(st.integers(0, rest // 60))
+    seconds = rest - minutes * 60
+    calendar = "".join(f"{n}{u}" for n, u in ((years, "Y"), (months, "M"), (weeks, "W"), (days, "D")) if n)
+    clock = "".join(f"{n}{u}" for n, u in ((hours, "H"), (minutes, "M"), (seconds, "S")) if n)
+    text = "P" + calendar + (f"T{clock}" if clock else "")
+    return (text if text != "P" else "PT1S"), months_total, (fixed if text != "P" else 1)
+
+
+@PROPERTY
+@given(
+    case=intervals_near_the_bound().filter(lambda case: len(case[0]) <= rules.MAX_INTERVAL_LENGTH),
+    start=instants.filter(lambda moment: moment <= datetime(9989, 1, 1, tzinfo=UTC)),
+)
+def test_an_interval_is_refused_exactly_when_it_could_last_over_ten_years(case, start):
+    """The bound applies to the whole duration (issue 33: P3660D, P10Y1D and PT87700H
+    were accepted): at most 120 calendar months, and a fixed part no longer than the
+    remaining months last at their shortest. An accepted interval never takes a start in
+    UTC past the same instant ten years on."""
+    text, months_total, fixed_seconds = case
+    within = months_total <= 120 and fixed_seconds <= shortest_span_days(120 - months_total) * 86400
+    try:
+        parts = rules.parse_interval(text)
+    except RuleError as exc:
+        assert not within, (text, str(exc))
+        assert exc.field == "interval" and "at most 10 years" in str(exc)
+        return
+    assert within, text
+    step = rules._interval_at(Rule(start_at=start, interval=text), parts, 1)
+    assert step is not None and step <= start + relativedelta(years=10), (text, start, step)

@@ -106,6 +106,9 @@ def test_a_cron_rule_with_a_time_zone(api, accounts):
         ({"interval": "P1X"}, "interval"),
         ({"interval": "PT30S"}, "interval"),  # below DELAYPAY_MIN_RECURRING_INTERVAL (60)
         ({"interval": "P11Y"}, "interval"),
+        ({"interval": "P10Y1D"}, "interval"),  # the bound covers the whole duration (issue 33)
+        ({"interval": "P3660D"}, "interval"),
+        ({"interval": "PT87700H"}, "interval"),
         ({"interval": 1}, "interval"),
         ({"interval": ..., "cron": "61 * * * *"}, "cron"),
         ({"interval": ..., "cron": "0 0 30 2 *"}, "cron"),  # no 30th of February
