@@ -25,6 +25,8 @@ from django.urls import get_script_prefix, path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
+from common.text import validate_display_text
+
 # Changelists count at most this many rows exactly; past it they show the planner's
 # estimate, so no page of a large table waits on a COUNT(*) that reads every row.
 EXACT_COUNT_LIMIT = 10_000
@@ -311,7 +313,8 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(
         max_length=MAX_REASON_LENGTH,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Required. Recorded with your user.",
+        validators=[validate_display_text],
+        help_text="Required, on one line. Recorded with your user.",
     )
 
 

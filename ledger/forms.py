@@ -4,6 +4,7 @@ from django import forms
 from django.conf import settings
 
 from common.admin_tools import MAX_REASON_LENGTH
+from common.text import validate_display_text
 
 
 class DepositForm(forms.Form):
@@ -17,7 +18,8 @@ class DepositForm(forms.Form):
     reason = forms.CharField(
         max_length=MAX_REASON_LENGTH,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Required. Recorded with your user in the account's staff actions.",
+        validators=[validate_display_text],
+        help_text="Required, on one line. Recorded with your user in the account's staff actions.",
     )
 
     def __init__(self, *args, **kwargs):

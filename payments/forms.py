@@ -2,6 +2,8 @@
 
 from django import forms
 
+from common.text import validate_display_text
+
 from .services import MAX_REVIEW_REASON
 
 
@@ -12,7 +14,8 @@ class ReviewForm(forms.Form):
     reason = forms.CharField(
         max_length=MAX_REVIEW_REASON,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
-        help_text="Required. Recorded in each payment's event history with your user.",
+        validators=[validate_display_text],
+        help_text="Required, on one line. Recorded in each payment's event history with your user.",
     )
 
 

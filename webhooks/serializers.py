@@ -5,7 +5,7 @@ the create and the rotation, never by a read."""
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from payments.api.fields import StrictCharField, StrictDateTimeField, format_utc
+from payments.api.fields import DisplayTextField, StrictDateTimeField, format_utc
 from payments.api.serializers import (
     AtLeastOneFieldSerializer,
     PageQuerySerializer,
@@ -34,7 +34,7 @@ class StrictBooleanField(serializers.BooleanField):
 
 
 def url_field(**kwargs):
-    return StrictCharField(
+    return DisplayTextField(
         max_length=MAX_URL_LENGTH,
         help_text="Where events are POSTed: an https:// URL on a public address (plain http and private "
         "addresses only in development or for the hosts in DELAYPAY_WEBHOOK_ALLOW_HOSTS). Redirects are "
@@ -72,7 +72,7 @@ def events_field(**kwargs):
 
 
 def description_field(**kwargs):
-    return StrictCharField(
+    return DisplayTextField(
         max_length=MAX_DESCRIPTION_LENGTH, allow_blank=True, help_text="Yours, for people.", **kwargs
     )
 

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from common.text import validate_display_text
 from payments.rules import RuleError, parse_interval
 
 # RFC 3339 section 5.6 date-time: full date, "T", full time with seconds, optional
@@ -90,6 +91,23 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class DisplayTextField(StrictCharField):
+    """Text a person gives for people to read (a name, a description, a reason): no
+    control, format (bidirectional, zero-width), private-use, surrogate or separator
+    characters (common/text.py, the rule the admin's forms use too)."""
+
+    def __init__(self, **kwargs):
+        help_text = kwargs.pop("help_text", "")
+        super().__init__(help_text=f"{help_text} {DISPLAY_TEXT_HELP}".strip(), **kwargs)
+        self.validators.append(validate_display_text)
+
+
+DISPLAY_TEXT_HELP = (
+    "No control, format (bidirectional, zero-width), private-use or line/paragraph separator characters "
+    "(400 validation_error)."
+)
 
 
 

@@ -24,7 +24,14 @@ from payments.models import (
 from payments.rules import MAX_COUNT, MAX_CRON_COUNT
 from payments.services import MAX_JITTER_SECONDS, MAX_REVIEW_REASON
 
-from .fields import StrictCharField, StrictDateTimeField, StrictDurationField, StrictIntegerField, format_utc
+from .fields import (
+    DisplayTextField,
+    StrictCharField,
+    StrictDateTimeField,
+    StrictDurationField,
+    StrictIntegerField,
+    format_utc,
+)
 from .pagination import MAX_CURSOR_LENGTH, MAX_LIMIT
 from .schema import page_of
 
@@ -93,7 +100,7 @@ class TokenResponseSerializer(serializers.Serializer):
 
 
 class AccountCreateSerializer(StrictSerializer):
-    name = StrictCharField(max_length=100)
+    name = DisplayTextField(max_length=100)
 
 
 class AccountSerializer(serializers.ModelSerializer):
@@ -108,7 +115,7 @@ class AccountSerializer(serializers.ModelSerializer):
 
 
 def staff_reason_field(**kwargs):
-    return StrictCharField(
+    return DisplayTextField(
         max_length=MAX_STAFF_REASON,
         help_text="Why, in a sentence: recorded with your user in the ledger's staff actions.",
         **kwargs,
@@ -169,7 +176,7 @@ class DepositDecisionSerializer(StrictSerializer):
 
 
 class PaymentCancelQuerySerializer(StrictQuerySerializer):
-    reason = serializers.CharField(
+    reason = DisplayTextField(
         required=False,
         max_length=MAX_STAFF_REASON,
         help_text="Required when staff cancel someone else's payment: why, recorded with your user in the "
@@ -253,7 +260,7 @@ class PaymentUpdateSerializer(AtLeastOneFieldSerializer):
 
 
 def review_reason_field(**kwargs):
-    return StrictCharField(
+    return DisplayTextField(
         max_length=MAX_REVIEW_REASON,
         help_text="Why, in a sentence: it goes into the payment's audit trail with your user.",
         **kwargs,
@@ -294,7 +301,7 @@ class PayoutSerializer(serializers.ModelSerializer):
 
 
 class PayeeCreateSerializer(StrictSerializer):
-    name = StrictCharField(max_length=100)
+    name = DisplayTextField(max_length=100)
     rail = serializers.ChoiceField(choices=Rail.choices, help_text="The rail that pays this payee.")
     destination = StrictCharField(
         max_length=64, help_text="The payee's account at the rail: 1-64 of A-Z a-z 0-9 _ . : -",
