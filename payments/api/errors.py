@@ -88,7 +88,8 @@ ERROR_CODES: dict[str, str] = {
     "payment_not_editable": "PATCH on a payment already claimed or finished; `status` says which (409).",
     "payee_in_use": "DELETE of a payee with payouts or recurring payments to it still pending (409); `pending` "
     "says how many.",
-    "payout_outcome_unknown": "Cancel of a payout whose funds are reserved at its rail, outcome not yet known (409).",
+    "payout_outcome_unknown": "Cancel of a payout in NEEDS_REVIEW (or re-driven to SCHEDULED) whose funds are still "
+    "reserved at its rail, outcome not yet known (409).",
     "payout_paid_at_rail": "Resolve as failed of a parked payout its rail paid: re-drive it instead (409).",
     "rail_unavailable": "The payment rail did not answer a lookup the action needs; try again later (503).",
     "database_unavailable": "The database did not answer (restarting, failing over) or rolled the request back "

@@ -162,8 +162,9 @@ class PaymentDetailView(ApiView):
                 400, *READ, 403, 404, 409, 412,
                 e400="validation_error: If-Match is not entity tags, or a staff cancel without `reason`.",
                 e403="permission_denied: staff without the cancel permission may read but not cancel.",
-                e409="payment_not_cancellable; `status` is the payment's current status. payout_outcome_unknown: "
-                "a payout whose funds are reserved at its rail, outcome not yet known.",
+                e409="payment_not_cancellable; `status` is the payment's current status (EXECUTING for a claimed "
+                "payment, a payout included). payout_outcome_unknown: a payout in NEEDS_REVIEW (or re-driven to "
+                "SCHEDULED) whose funds are still reserved at its rail, outcome not yet known.",
             ),
         },
     )

@@ -1,13 +1,18 @@
 """Payees and payouts through the API: a payee is its creator's; a payout is a payment
 with to_payee instead of to_account (exactly one of them)."""
 
+import re
+from pathlib import Path
+
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Permission
+from django.db import connection
 
 from payments.models import Payee, Payout, ScheduledPayment
 from tests.api import assert_error, future, post
 from tests.conftest import client_for
-from tests.factories import UserFactory, funded_account
+from tests.factories import UserFactory, claim_payouts, due_payout, funded_account, payee_for
 
 pytestmark = pytest.mark.django_db
 
@@ -110,3 +115,51 @@ def test_a_recurring_payout(api, user):
     occurrence = ScheduledPayment.objects.get(recurring_id=response.json()["recurring_id"])
     assert (occurrence.to_payee_id, occurrence.rail, occurrence.to_account_id) == (p["payee_id"], "sandbox", None)
     assert_error(api.delete(f"/api/v1/payees/{p['payee_id']}"), 409, "payee_in_use")
+
+
+def documented_cancel_refusals() -> dict[str, str]:
+    """What docs/reference/payouts.md says a cancel of a payout answers, from its
+    **Cancel** bullet: for each status a sentence names next to a 409, that code."""
+    page = (Path(settings.BASE_DIR) / "docs/reference/payouts.md").read_text()
+    bullet = " ".join(re.search(r"^- \*\*Cancel\*\*(.*?)(?=^- |^#|\Z)", page, re.M | re.S)[1].split())
+    refusals = {}
+    for sentence in re.split(r"(?<=\.) ", bullet):
+        for code in re.findall(r"409 `(\w+)`", sentence):
+            for status in re.findall(r"\b(SCHEDULED|EXECUTING|NEEDS_REVIEW)\b", sentence):
+                refusals[status] = code
+    return refusals
+
+
+def put_in_status(payment_id: str, status: str) -> None:
+    with connection.cursor() as cur:  # set-up only: replica mode fires no trigger
+        cur.execute("SET session_replication_role = replica")
+        cur.execute(
+            "UPDATE payments_scheduledpayment SET status = %s, review_reason = CASE WHEN %s = 'NEEDS_REVIEW' "
+            "THEN 'outcome_unknown' ELSE '' END WHERE id = %s",
+            [status, status, payment_id],
+        )
+        cur.execute("SET session_replication_role = origin")
+
+
+@pytest.mark.parametrize(
+    ("status", "reserved"),
+    [("EXECUTING", False), ("EXECUTING", True), ("NEEDS_REVIEW", True), ("SCHEDULED", True)],
+)
+def test_a_refused_payout_cancel_answers_the_code_the_payouts_page_names(api, user, status, reserved):
+    """Issue 33: the page named payout_outcome_unknown for an EXECUTING payout, which the
+    API refuses as any claimed payment (payment_not_cancellable)."""
+    documented = documented_cancel_refusals()
+    assert documented == {
+        "EXECUTING": "payment_not_cancellable", "NEEDS_REVIEW": "payout_outcome_unknown",
+        "SCHEDULED": "payout_outcome_unknown",
+    }
+    payout = due_payout(source=funded_account(owner=user, balance=100), payee=payee_for(user), amount=7)
+    if status == "EXECUTING":
+        assert [pair[0] for pair in claim_payouts()] == [payout.id]
+    else:
+        put_in_status(payout.id, status)  # parked (NEEDS_REVIEW), or re-driven after it (SCHEDULED)
+    if reserved:
+        Payout.objects.create(payment_id=payout.id, rail="sandbox", destination="acct_bob", amount=7)
+    body = assert_error(api.delete(f"/api/v1/payments/{payout.id}"), 409, documented[status])
+    assert body["status"] == status
+    assert ScheduledPayment.objects.get(pk=payout.pk).status == status
