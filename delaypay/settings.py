@@ -271,7 +271,8 @@ SPECTACULAR_SETTINGS = {
         "Every error has the shape {\"code\", \"detail\", ...}; see the Error schema. That includes "
         "what the HTTP server refuses before any operation runs, on every path: 400 bad_request (a "
         "malformed request line, header or chunk), 414 uri_too_long, 417 expectation_failed, 431 "
-        "header_too_large, 501 not_implemented (a Transfer-Encoding other than chunked)."
+        "header_too_large, 501 not_implemented (a Transfer-Encoding other than chunked); 414 and 431 are "
+        "listed on every operation."
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
@@ -289,6 +290,13 @@ SPECTACULAR_SETTINGS = {
         "WebhookEventTypeEnum": "webhooks.serializers.EVENT_TYPE_CHOICES",
         "WebhookDeliveryStatusEnum": "webhooks.models.DeliveryStatus",
     },
+    # After the enums (drf-spectacular's default hook): the HTTP server's 414 and 431 on every
+    # operation, and the links from each create's answer to the operations on what it made.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "delaypay.openapi.server_responses",
+        "payments.api.schema.add_links",
+    ],
     "PATH_CONVERTER_OVERRIDES": {"public_id": {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}},
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -3,6 +3,7 @@ operation can give, the Idempotency-Key header and the page envelope."""
 
 from functools import cache
 
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, inline_serializer
 from rest_framework import serializers
 
@@ -154,3 +155,93 @@ def page_of(serializer_class, name: str):
             ),
         },
     )
+
+
+# --- request bodies as the server takes them, and the links between operations -------------
+
+
+class StrictSerializerExtension(OpenApiSerializerExtension):
+    """A request body read by a StrictSerializer refuses a field it does not declare, so
+    its schema says ``additionalProperties: false``; a PATCH body (AtLeastOneFieldSerializer)
+    refuses ``{}``, so its schema says ``minProperties: 1``. Responses are left as they are."""
+
+    target_class = "payments.api.serializers.StrictSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        from .serializers import AtLeastOneFieldSerializer
+
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        if direction == "request":
+            schema["additionalProperties"] = False
+            if isinstance(self.target, AtLeastOneFieldSerializer):
+                schema["minProperties"] = 1
+        return schema
+
+
+def _from_body(name: str) -> dict[str, str]:
+    return {name: f"$response.body#/{name}"}
+
+
+# OpenAPI links from each create's answer to the operations on what it made (drf-spectacular
+# cannot infer them): clients (and schemathesis's stateful phase) follow the id they got
+# back. (operationId, status) -> {link name: (operationId, parameters, description)}.
+LINKS = {
+    ("accounts_create", "201"): {
+        "GetAccount": ("accounts_retrieve", _from_body("account_id"), "The account just opened."),
+        "ListAccountPayments": ("accounts_payments_list", _from_body("account_id"), "Its payments."),
+        "ListAccountTransfers": ("accounts_transfers_list", _from_body("account_id"), "Its transfers."),
+        "DepositIntoAccount": ("accounts_deposits_create", _from_body("account_id"), "Staff: deposit into it."),
+    },
+    ("accounts_deposits_create", "202"): {
+        "GetDepositRequest": ("deposit_requests_retrieve", _from_body("request_id"), "The request just made."),
+        "ApproveDepositRequest": ("deposit_requests_approve", _from_body("request_id"), "Another staff member."),
+        "RejectDepositRequest": ("deposit_requests_reject", _from_body("request_id"), "Another staff member."),
+    },
+    ("payees_create", "201"): {
+        "GetPayee": ("payees_retrieve", _from_body("payee_id"), "The payee just added."),
+        "DeletePayee": ("payees_delete", _from_body("payee_id"), "Hide it (nothing pending to it)."),
+    },
+    ("payments_create", "201"): {
+        "GetPayment": ("payments_retrieve", _from_body("payment_id"), "The payment just scheduled."),
+        "UpdatePayment": ("payments_update", _from_body("payment_id"), "Reschedule it while it is SCHEDULED."),
+        "CancelPayment": ("payments_cancel", _from_body("payment_id"), "Cancel it while it is SCHEDULED."),
+    },
+    ("recurring_payments_create", "201"): {
+        "GetRecurringPayment": ("recurring_payments_retrieve", _from_body("recurring_id"), "The series just made."),
+        "UpdateRecurringPayment": ("recurring_payments_update", _from_body("recurring_id"), "Change its terms."),
+        "PauseRecurringPayment": ("recurring_payments_pause", _from_body("recurring_id"), "Pause it."),
+        "ResumeRecurringPayment": ("recurring_payments_resume", _from_body("recurring_id"), "Resume it."),
+        "EndRecurringPayment": ("recurring_payments_end", _from_body("recurring_id"), "End it."),
+    },
+    ("webhook_endpoints_create", "201"): {
+        "GetWebhookEndpoint": ("webhook_endpoints_retrieve", _from_body("endpoint_id"), "The endpoint just made."),
+        "UpdateWebhookEndpoint": ("webhook_endpoints_update", _from_body("endpoint_id"), "Change it."),
+        "DeleteWebhookEndpoint": ("webhook_endpoints_delete", _from_body("endpoint_id"), "Delete it."),
+        "RotateWebhookEndpointSecret": (
+            "webhook_endpoints_rotate_secret", _from_body("endpoint_id"), "Rotate its secret.",
+        ),
+        "ListWebhookEndpointDeliveries": ("webhook_endpoints_deliveries", _from_body("endpoint_id"), "Its deliveries."),
+    },
+}
+
+
+def add_links(result, generator, request, public):
+    """drf-spectacular postprocessing hook: LINKS on the answers of the creates. An
+    operationId that is not in the schema is an error here, not a dangling link."""
+    operations = {
+        operation["operationId"]: operation
+        for item in result.get("paths", {}).values()
+        for operation in item.values()
+        if isinstance(operation, dict) and "operationId" in operation
+    }
+    missing = {target for links in LINKS.values() for target, _, _ in links.values()} - set(operations)
+    missing |= {source for source, _ in LINKS} - set(operations)
+    if missing:
+        raise ValueError(f"links name operations the schema does not have: {sorted(missing)}")
+    for (source, status), links in LINKS.items():
+        operations[source]["responses"][status]["links"] = {
+            name: {"operationId": target, "parameters": parameters, "description": description}
+            for name, (target, parameters, description) in links.items()
+        }
+    return result

@@ -3,27 +3,29 @@ invalid) for every operation, through the real Django WSGI app and PostgreSQL. N
 response may be a server error or disagree with the schema (status, headers, content
 type, body)."""
 
+import json
 import re
 from datetime import timedelta
 
 import pytest
 import schemathesis
-from django.conf import settings
 from django.contrib.auth.models import Permission
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 from django.utils import timezone
-from hypothesis import HealthCheck
+from hypothesis import HealthCheck, Phase
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from knox.models import AuthToken
+from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance, use_after_free
 
 from common.ids import new_id
 from ledger.models import Account
 from ledger.services import ledger_deposit
 from payments.models import RecurringPayment, ScheduledPayment
+from tests.conftest import client_for
 from tests.factories import UserFactory
 from webhooks.models import Delivery, DeliveryStatus, Endpoint, Event
 
@@ -36,6 +38,10 @@ PAYMENT = "pay_schemathesis_scheduled"
 RECURRING = "rec_schemathesis_active"
 ENDPOINT = "whe_schemathesis_own"
 DELIVERY = 424242
+
+# The stateful phase's budget: scenarios, and calls in each (about a minute in all).
+STATEFUL_SCENARIOS = 40
+STATEFUL_STEPS = 8
 
 
 def _schema_valid_id(value) -> bool:
@@ -62,43 +68,55 @@ def _reach_known_resources(context, path_parameters):
     return st.sampled_from(options)
 
 
-# The creates whose schema-valid bodies are sometimes made plausible: their required
-# fields, and the time field to move to tomorrow.
-CREATES = {
-    "/api/v1/payments": ({"from_account", "to_account", "amount", "execute_at"}, "execute_at"),
-    "/api/v1/recurring-payments": ({"from_account", "to_account", "amount", "start_at"}, "start_at"),
+def _tomorrow() -> str:
+    return (timezone.now() + timedelta(days=1)).isoformat()
+
+
+def _amount(body: dict) -> int:
+    amount = body.get("amount")
+    return amount if type(amount) is int and 1 <= amount <= 100 else 1
+
+
+# The creates whose bodies are sometimes made plausible: what each would need to succeed
+# (own account, a known target, tomorrow, a daily rule, an https URL), from the generated
+# body. Without this almost every generated create is refused, and the workflows that
+# start from a create (the links: payments/api/schema.py, LINKS) never get further.
+PLAUSIBLE = {
+    "/api/v1/payments": lambda body: {
+        "from_account": OWN_ACCOUNT, "to_account": TARGET_ACCOUNT, "amount": _amount(body), "execute_at": _tomorrow(),
+    },
+    "/api/v1/recurring-payments": lambda body: {
+        "from_account": OWN_ACCOUNT, "to_account": TARGET_ACCOUNT, "amount": _amount(body), "start_at": _tomorrow(),
+        "interval": "P1D",
+    },
+    "/api/v1/payees": lambda body: {"name": "schemathesis payee", "rail": "sandbox", "destination": "acct_st"},
+    "/api/v1/webhook-endpoints": lambda body: {
+        "url": "https://hooks.example.com/schemathesis", "events": ["payment.executed", "payment.failed"],
+    },
+    "/api/v1/accounts": lambda body: {"name": "schemathesis account"},
 }
 
 
-def _schedule_from_own_account(context, body):
-    """Sometimes make a schema-valid create body plausible too (own account, a near
-    future time; for a recurring payment a daily rule), so that creates and replays are
-    exercised, not only rejections."""
-    operation = context.operation
-    if operation.method.upper() != "POST" or operation.path not in CREATES:
-        return st.just(body)
-    required, when = CREATES[operation.path]
-    schema_valid = (
-        isinstance(body, dict)
-        and required <= set(body)
-        and all(isinstance(body[k], str) and 1 <= len(body[k]) <= 40 for k in ("from_account", "to_account"))
-        and type(body["amount"]) is int
-        and 1 <= body["amount"] <= settings.DELAYPAY_MAX_AMOUNT
-        and isinstance(body[when], str)
-    )
-    if not schema_valid:
-        return st.just(body)
-    plausible = {
-        **body,
-        "from_account": OWN_ACCOUNT,
-        "to_account": TARGET_ACCOUNT,
-        when: (timezone.now() + timedelta(days=1)).isoformat(),
-    }
-    if operation.path == "/api/v1/recurring-payments":
-        plausible = {k: v for k, v in plausible.items() if k not in ("cron", "end_at", "count")} | {
-            "interval": "P1D"
-        }
-    return st.sampled_from([body, plausible])
+def _plausible_creates(context, case):
+    """Sometimes make a positive create's body plausible too, so that creates, replays and
+    the workflows after them are exercised, not only rejections. A negative case is left
+    alone: it must stay invalid."""
+    meta = case.meta
+    path = context.operation.path
+    if (
+        context.operation.method.upper() != "POST"
+        or path not in PLAUSIBLE
+        or meta is None
+        or meta.generation.mode != GenerationMode.POSITIVE
+    ):
+        return st.just(case)
+
+    def made_plausible(plausible: bool):
+        if plausible:  # schemathesis sees the body changed and validates it again
+            case.body = PLAUSIBLE[path](case.body if isinstance(case.body, dict) else {})
+        return case
+
+    return st.booleans().map(made_plausible)
 
 
 def in_test_transaction(application):
@@ -125,7 +143,7 @@ def in_test_transaction(application):
 # from_fixture loader does not work with pytest 9 (it sets Function._nodeid).
 schema = schemathesis.openapi.from_wsgi("/api/v1/schema?format=json", in_test_transaction(get_wsgi_application()))
 schema.hook("flatmap_path_parameters")(_reach_known_resources)
-schema.hook("flatmap_body")(_schedule_from_own_account)
+schema.hook("flatmap_case")(_plausible_creates)
 
 
 @pytest.fixture
@@ -160,17 +178,80 @@ def token(db):
     return key
 
 
+EXCLUDED_CHECKS = [
+    # Business rules (ownership, the database clock, existence) reject some schema-valid
+    # requests with a documented 4xx: that is correct, not a failure.
+    positive_data_acceptance,
+    # DELETE cancels a payment and ends a recurring payment: both stay readable (CANCELLED,
+    # ENDED), as the API promises.
+    use_after_free,
+]
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @schema.parametrize()
 @hypothesis_settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_conforms_to_its_schema(case, token):
-    case.call_and_validate(
-        headers={"Authorization": f"Token {token}"},
-        excluded_checks=[
-            # Business rules (ownership, the database clock, existence) reject some
-            # schema-valid requests with a documented 4xx: that is correct, not a failure.
-            positive_data_acceptance,
-            # DELETE cancels: the payment stays readable (CANCELLED), as the API promises.
-            use_after_free,
-        ],
+    case.call_and_validate(headers={"Authorization": f"Token {token}"}, excluded_checks=EXCLUDED_CHECKS)
+
+
+def test_every_operation_of_the_served_schema_is_tested():
+    """schemathesis loads every operation (none skipped for a schema it cannot read), so
+    the parametrized test above runs each of them."""
+    served = json.loads(client_for(None).get("/api/v1/schema", {"format": "json"}).content)
+    documented = {(method.upper(), path) for path, item in served["paths"].items() for method in item}
+    loaded = [result.ok() for result in schema.get_all_operations()]
+    assert {(operation.method.upper(), operation.path) for operation in loaded} == documented
+
+
+# Only the links the schema publishes: schemathesis would also infer some from names
+# (list -> item), which spreads the phase's small budget over chains no client is told of.
+schema.config.phases.stateful.inference.algorithms = []
+
+
+class Workflows(schema.as_state_machine()):
+    """Sequences of calls that follow the schema's links (payments/api/schema.py, LINKS):
+    create, then read, change, cancel or delete what was made, with the id from the answer."""
+
+    token = ""
+
+    def setup(self):
+        # Each scenario starts from the fixture's rows: what one made is rolled back at its
+        # end, so Hypothesis replays a scenario (to shrink a failure) against the same state.
+        super().setup()
+        self.scenario = transaction.atomic()
+        self.scenario.__enter__()
+
+    def teardown(self):
+        transaction.set_rollback(True)
+        self.scenario.__exit__(None, None, None)
+        super().teardown()
+
+    def get_call_kwargs(self, case):
+        return {"headers": {"Authorization": f"Token {self.token}"}}
+
+    def validate_response(self, response, case, additional_checks=None, **kwargs):
+        case.validate_response(
+            response,
+            additional_checks=additional_checks,
+            excluded_checks=EXCLUDED_CHECKS,
+            headers=kwargs.get("headers"),  # the token sent: auth checks judge it, not a generated one
+            transport_kwargs=kwargs or None,
+            recorder=getattr(self, "recorder", None),
+        )
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_api_workflows_conform_to_its_schema(token):
+    """The stateful phase: the same checks as above (server errors, status codes, content
+    types, response bodies and headers, negative data), over chains of calls the links name."""
+    Workflows.token = token
+    Workflows.run(
+        settings=hypothesis_settings(
+            max_examples=STATEFUL_SCENARIOS,
+            stateful_step_count=STATEFUL_STEPS,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            phases=[Phase.generate],
+        )
     )
