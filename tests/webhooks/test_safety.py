@@ -235,7 +235,10 @@ def test_every_spelling_and_ipv6_form_is_400_through_the_api(production, monkeyp
     monkeypatch.setattr(addresses, "resolve", lambda *a, **k: pytest.fail("resolved at save time"))
     response = post(api, "/api/v1/webhook-endpoints", {"url": url, "events": ["payment.failed"]}, key=uuid.uuid4().hex)
     body = assert_error(response, 400, "validation_error")
-    assert named in body["fields"]["url"][0], body
+    refusal = body["fields"]["url"][0]
+    # A control or zero-width character is refused by the display-text rule first, which
+    # names its code point (common/text.py); the URL rule names every other spelling.
+    assert named in refusal or (named == "whitespace" and "U+" in refusal), body
     assert not Endpoint.objects.exists()
 
 

@@ -6,6 +6,7 @@ import pytest
 from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions as drf_exceptions
 
+from common.authz import ConflictOfInterest
 from ledger.services import DepositRefused
 from payments import exceptions as domain
 from payments.api import errors
@@ -120,6 +121,7 @@ DOMAIN_ERRORS = [
     (domain.PayoutOutcomeUnknown("NEEDS_REVIEW"), 409),
     (domain.PayoutPaidAtRail("po_123"), 409),
     (domain.RailUnavailable(), 503),
+    (domain.PayeeDeleteForbidden(), 403),
     (WebhookURLRefused("only https:// URLs are allowed"), 400),
     (webhook_endpoints.EndpointActForbidden(), 403),
     (webhook_endpoints.EndpointNotFound(), 404),
@@ -134,6 +136,14 @@ def test_each_domain_exception_leaves_with_its_status_code_and_fields(exc, statu
     response = errors.exception_handler(exc, {})
     assert response.status_code == status
     assert response.data == {"code": exc.code, "detail": exc.detail, **getattr(exc, "extra", {})}
+
+
+def test_a_conflict_of_interest_is_403_with_its_code():
+    exc = ConflictOfInterest("You own this account: another staff member must freeze or unfreeze it.")
+    response = errors.exception_handler(exc, {})
+    assert response.status_code == 403
+    assert response.data == {"code": "conflict_of_interest", "detail": exc.detail}
+    assert "conflict_of_interest" in errors.ERROR_CODES
 
 
 def test_every_domain_exception_has_its_status_in_the_one_mapping():
