@@ -19,7 +19,7 @@ decision from unlocked balances, step 3 writes from the forecast, and step 4 tak
 locks and decides for real; if its decision differs from the forecast (a balance
 changed in between), the whole transaction rolls back, the ledger's writes with it, and
 the batch runs again with the locks taken first (step 2 then *is* the locked decision
-and step 4 is skipped). See docs/decisions/forecast-then-lock.md.
+and step 4 is skipped). See docs/decisions/0002-forecast-then-lock.md.
 """
 
 import json
