@@ -107,6 +107,7 @@ def test_a_short_interval_recurring_payment_runs_each_occurrence_once_under_two_
         celery_stack.start_promoter(name)
     for name in ("beat1", "beat2"):
         celery_stack.start_beat(name)
+    celery_stack.wait_ready(["worker", "promoter1", "promoter2", "beat1", "beat2"])
     start = (timezone.now() + timedelta(seconds=3)).replace(microsecond=0)
     body = {"from_account": alice.id, "to_account": bob.id, "amount": 7, "start_at": start.isoformat(),
             "interval": "PT2S", "count": 6}
@@ -115,11 +116,25 @@ def test_a_short_interval_recurring_payment_runs_each_occurrence_once_under_two_
     rec_id = response.json()["recurring_id"]
     occurrences = ScheduledPayment.objects.filter(recurring_id=rec_id)
 
-    wait_until(
-        lambda: RecurringPayment.objects.get(pk=rec_id).status == RecurringStatus.ENDED
-        and occurrences.filter(status=PaymentStatus.EXECUTED).count() == 6,
-        timeout=90, stack=celery_stack, what="six executed occurrences and the series' end",
-    )
+    try:
+        wait_until(
+            lambda: RecurringPayment.objects.get(pk=rec_id).status == RecurringStatus.ENDED
+            and occurrences.filter(status=PaymentStatus.EXECUTED).count() == 6,
+            timeout=90, stack=celery_stack, what="six executed occurrences and the series' end",
+        )
+    except pytest.fail.Exception as exc:
+        # Once in a CI run this timed out with nothing due; say where the series stood.
+        rec = RecurringPayment.objects.get(pk=rec_id)
+        state = {
+            "series": (rec.status, rec.next_occurrence_at, rec.last_occurrence_at),
+            "occurrences": list(occurrences.order_by("occurrence_at").values_list(
+                "occurrence_at", "status", "failure_reason", "review_reason", "attempt", "tries")),
+            "events": list(RecurringEvent.objects.filter(recurring_id=rec_id).order_by("id")
+                           .values_list("kind", "data")),
+            "warnings": [line for name in celery_stack.procs for line in celery_stack.log(name).splitlines()
+                         if '"level":"WARNING"' in line or '"level":"ERROR"' in line][-20:],
+        }
+        pytest.fail(f"{state}\n{exc}")
     time.sleep(3)  # give a duplicate generation or execution time to show itself
     rows = list(occurrences.order_by("occurrence_at"))
     assert [p.occurrence_at for p in rows] == [start + timedelta(seconds=2 * k) for k in range(6)]
