@@ -72,9 +72,10 @@ _CLAIM_WRITE_SQL = _CLAIM_WRITE.replace(":started", _STARTED)
 # commit together.
 #
 # Fresh and expired rows are two locking CTEs rather than the single "WHERE a OR b" of
-# the design card (docs/decisions/0001-claim-two-ctes.md): with OR the planner bitmap-scans every due row and sorts them all before
-# LIMIT, which is O(backlog) per claim during a burst; each CTE here walks its own
-# partial index in order and stops after LIMIT rows.
+# the design card (docs/decisions/0001-claim-two-ctes.md): with OR the planner
+# bitmap-scans every due row and sorts them all before LIMIT, which is O(backlog) per
+# claim during a burst; each CTE here walks its own partial index in order and stops
+# after LIMIT rows.
 _CLAIM_TEMPLATE = """
 WITH fresh AS (
     SELECT id, status, execute_at AS due_at, claimed_at FROM payments_scheduledpayment
