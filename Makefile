@@ -111,7 +111,7 @@ chaos-ci: install
 # [tool.bandit] lists the checks skipped and why; single findings carry "# nosec" with a reason).
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/bandit --quiet --configfile pyproject.toml --recursive common delaypay devtools ledger payments rails webhooks
+	$(BIN)/bandit --quiet --configfile pyproject.toml --recursive api common console delaypay devtools ledger payments payouts rails recurring webhooks
 
 # Production settings must pass Django's deployment checklist.
 check-deploy: install

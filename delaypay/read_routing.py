@@ -21,9 +21,9 @@ from delaypay.db_router import (
 
 logger = logging.getLogger(__name__)
 
-SAFE_METHODS = frozenset({"GET", "HEAD"})  # OPTIONS is 405 on every API view (payments/api/base.py)
+SAFE_METHODS = frozenset({"GET", "HEAD"})  # OPTIONS is 405 on every API view (api/base.py)
 API_ROUTE_PREFIX = "api/"
-# The API's read views (payments/api/urls.py names) whose GET and HEAD may be served by the
+# The API's read views (api/urls.py names) whose GET and HEAD may be served by the
 # replica: payment status and lists, account reads, recurring payments and payees. Staff
 # views (deposit requests), webhook endpoints and everything outside the API read the primary.
 READ_VIEWS = frozenset(

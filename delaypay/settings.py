@@ -37,13 +37,20 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "knox",  # expiring, revocable API tokens (payments/api/tokens.py)
+    "knox",  # expiring, revocable API tokens (api/tokens.py)
     "axes",  # login lockout after repeated failures (admin and /auth/token)
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI assets served from our own static files (no CDN)
     "ledger",
     "payments",
     "webhooks",
+    # No models of their own (the models are in payments): payouts and recurring hold the
+    # payout executor and the series, api the HTTP edge, console the payments console (its
+    # admin module, templates and template tags). docs/reference/code-layout.md
+    "payouts",
+    "recurring",
+    "api",
+    "console",
     # Development and verification tools (bench, chaos, synthesize_history,
     # admin_page_timings): management commands only, no models, nothing the product imports.
     "devtools",
@@ -245,13 +252,13 @@ REST_KNOX = {
 }
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["payments.api.authentication.TokenAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["api.authentication.TokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["payments.api.parsers.StrictJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["api.parsers.StrictJSONParser"],
     # A body is JSON only when its Content-Type says application/json (no */*).
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "payments.api.parsers.StrictContentNegotiation",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "api.parsers.StrictContentNegotiation",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "EXCEPTION_HANDLER": "payments.api.errors.exception_handler",
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
     # Per client address for the token endpoint, per user for every create endpoint.
@@ -284,10 +291,10 @@ SPECTACULAR_SETTINGS = {
         "AccountStatusEnum": "ledger.models.Account.Status",
         "AccountKindEnum": "ledger.models.Account.Kind",
         "AttemptOutcomeEnum": "payments.models.ExecutionAttempt.Outcome",
-        "ErrorCodeEnum": "payments.api.errors.ERROR_CODE_CHOICES",
+        "ErrorCodeEnum": "api.errors.ERROR_CODE_CHOICES",
         "RecurringStatusEnum": "payments.models.RecurringStatus",
-        "ErrorStatusEnum": "payments.api.schema.ERROR_STATUS_CHOICES",
-        "WebhookEventTypeEnum": "webhooks.serializers.EVENT_TYPE_CHOICES",
+        "ErrorStatusEnum": "api.schema.ERROR_STATUS_CHOICES",
+        "WebhookEventTypeEnum": "api.webhook_serializers.EVENT_TYPE_CHOICES",
         "WebhookDeliveryStatusEnum": "webhooks.models.DeliveryStatus",
     },
     # After the enums (drf-spectacular's default hook): the HTTP server's 414 and 431 on every
@@ -295,7 +302,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "delaypay.openapi.server_responses",
-        "payments.api.schema.add_links",
+        "api.schema.add_links",
     ],
     "PATH_CONVERTER_OVERRIDES": {"public_id": {"type": "string", "pattern": "^[A-Za-z0-9_]{1,64}$"}},
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -385,7 +392,7 @@ CELERY_BEAT_SCHEDULE = {
     # Daily invariant check; logs ERROR per violated check. On the execute queue, never
     # the promoter's: a long reconcile must not delay a tick.
     # Daily settlement reconciliation of yesterday (UTC) against each rail's report
-    # (payments/settlement.py), after the previous day's follow-up lookups are over.
+    # (payouts/settlement.py), after the previous day's follow-up lookups are over.
     "reconcile-settlement-daily": {
         "task": "payments.tasks.reconcile_settlement_daily",
         "schedule": crontab(hour=env.int("DELAYPAY_SETTLEMENT_HOUR", default=2), minute=7),
@@ -398,7 +405,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "execute", "expires": 60},
     },
-    # API tokens past their lifetime (payments/api/tokens.py), of users who never sign in
+    # API tokens past their lifetime (api/tokens.py), of users who never sign in
     # again: issuing a token deletes only its own user's.
     "purge-expired-tokens": {
         "task": "payments.tasks.purge_expired_tokens",

@@ -1,10 +1,10 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from console.admin_limits import limits_view
+from console.dashboard import dashboard_view
 from delaypay import views
 from delaypay.favicon import favicon
-from payments.admin_limits import limits_view
-from payments.dashboard import dashboard_view
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
@@ -14,10 +14,10 @@ urlpatterns = [
     path("admin/dashboard/", admin.site.admin_view(dashboard_view), name="admin-dashboard"),
     path("admin/limits/", admin.site.admin_view(limits_view), name="admin-limits"),
     path("admin/", admin.site.urls),
-    path("api/v1/", include("payments.api.urls")),
+    path("api/v1/", include("api.urls")),
 ]
 
-handler400 = "payments.api.errors.bad_request"
-handler403 = "payments.api.errors.permission_denied"
-handler404 = "payments.api.errors.not_found"
-handler500 = "payments.api.errors.server_error"
+handler400 = "api.errors.bad_request"
+handler403 = "api.errors.permission_denied"
+handler404 = "api.errors.not_found"
+handler500 = "api.errors.server_error"

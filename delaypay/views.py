@@ -12,9 +12,9 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from api.errors import error_body
 from common import prometheus
 from delaypay import health
-from payments.api.errors import error_body
 from payments.metrics import ScheduleCollector
 from webhooks.metrics import WebhookCollector
 

@@ -57,8 +57,8 @@ from payments.exceptions import PaymentNotCancellable, PayoutOutcomeUnknown
 from payments.models import Payee, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
 from payments.services import db_now, payment_cancel
-from payments.settlement import reconcile_settlement
 from payments.tasks import execute_batch, execute_payouts
+from payouts.settlement import reconcile_settlement
 from rails.base import close_rails
 from webhooks.events import EVENT_TYPES
 from webhooks.models import Endpoint

@@ -111,7 +111,7 @@ class Stack:
         return self._spawn(name, "webhooks", {"WEBHOOKS_NAME": name, "WEBHOOK_CONCURRENCY": str(concurrency)})
 
     def start_payouts(self, name: str = "payouts", *, concurrency: int = 2) -> subprocess.Popen:
-        """The payout executor (payments/payouts.py): prefork children on the payouts queue,
+        """The payout executor (payouts/executor.py): prefork children on the payouts queue,
         each calling its rail from a thread pool."""
         return self._spawn(name, "payouts", {"PAYOUTS_NAME": name, "PAYOUT_CONCURRENCY": str(concurrency)})
 

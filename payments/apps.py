@@ -9,9 +9,9 @@ class PaymentsConfig(AppConfig):
         from django.conf import settings
         from django.db.models.signals import post_save, pre_save
 
-        from payments.api import tokens
+        from api import tokens
 
-        # A password change revokes the user's API tokens (payments/api/tokens.py).
+        # A password change revokes the user's API tokens (api/tokens.py).
         user_model = settings.AUTH_USER_MODEL
         pre_save.connect(tokens.remember_password_change, sender=user_model, dispatch_uid="api-tokens-password")
         post_save.connect(

@@ -1,5 +1,5 @@
 """Domain errors. Each carries the stable ``code`` clients see and knows nothing of HTTP:
-payments/api/errors.py maps them to statuses in one place."""
+api/errors.py maps them to statuses in one place."""
 
 
 class DomainError(Exception):

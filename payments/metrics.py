@@ -30,8 +30,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from common import broker
+from payments import partitions, selectors, services
+from payouts import settlement
 
-from . import partitions, selectors, services, settlement
 from .execution import BatchResult
 from .models import Heartbeat
 
@@ -155,7 +156,7 @@ def record_recurring_generation_failure(reason: str) -> None:
 
 
 def record_rail_call(*, rail: str, call: str, outcome: str, seconds: float) -> None:
-    """One call to a rail (payments/payouts.py)."""
+    """One call to a rail (payouts/executor.py)."""
     rail_calls_total.labels(rail=rail, call=call, outcome=outcome).inc()
     rail_call_seconds.labels(rail=rail, call=call).observe(seconds)
 

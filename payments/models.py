@@ -610,7 +610,7 @@ class Heartbeat(models.Model):
     is sharded (the stalled-shard alert reads those); ``reconcile`` by the reconcile
     command (``value`` = violations found); ``settlement:<rail>`` by each settlement
     reconciliation of a rail (``value`` = mismatches found) and, in the same statement,
-    ``stl:<rail>:<kind>`` with that run's count of each kind (payments/settlement.py; the
+    ``stl:<rail>:<kind>`` with that run's count of each kind (payouts/settlement.py; the
     short prefix keeps the name within 40 characters).
     Times come from the database clock, so hosts' clocks never disagree about an age.
     """

@@ -20,11 +20,11 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from rails.base import RAIL_NAMES
+from recurring.series import recurring_generate_due
 
 from . import breaker, metrics, services, sql
 from .execution import worker_name
 from .models import Heartbeat
-from .series import recurring_generate_due
 from .worker import run_batch
 
 logger = logging.getLogger(__name__)
@@ -367,7 +367,7 @@ def promoter_run_tick(*, degraded: bool = False, shard: Shard = Shard.ALL) -> "T
     if shard.first:
         # Never raises: in bounded batches, a series that cannot be generated now (a lock
         # timeout, a deadlock, bad data) is rolled back alone, logged, counted and tried
-        # again next tick, and the claim below goes ahead (payments/series.py).
+        # again next tick, and the claim below goes ahead (recurring/series.py).
         recurring_generate_due()
     result = promoter_tick(degraded=degraded, shard=shard)
     services.heartbeat_record(name=Heartbeat.PROMOTER)

@@ -12,6 +12,7 @@ from django.db import connection, transaction
 from common.authz import ConflictOfInterest
 from ledger.models import Account, StaffAction
 from ledger.services import clean_reason, staff_action_record
+from payouts.payees import payee_lock, payout_pending, payout_resolve_failed
 
 from . import limits, sql
 from .exceptions import (
@@ -30,7 +31,6 @@ from .models import (
     PaymentStatus,
     ScheduledPayment,
 )
-from .payees import payee_lock, payout_pending, payout_resolve_failed
 
 MAX_JITTER_SECONDS = 3600
 MAX_EXPIRES_AFTER = timedelta(days=365)
@@ -453,7 +453,7 @@ def payment_resolve(
     _refuse_a_party(payment_id=payment_id, actor=actor)
     payout = payout_pending(payment_id)
     if payout is not None:
-        # A parked payout with its funds reserved: its rail decides (payments/payees.py).
+        # A parked payout with its funds reserved: its rail decides (payouts/payees.py).
         with transaction.atomic():
             _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])
         if payout_resolve_failed(payout=payout, actor=actor, reason=reason):

@@ -283,7 +283,7 @@ _CLAIM_DUE_FAIR_WRITES = _CLAIM_DUE_FAIR_TEMPLATE.replace(":claim_write", _CLAIM
 CLAIM_DUE_FAIR = _sharded(_CLAIM_DUE_FAIR_WRITES, sharded=False)
 CLAIM_DUE_FAIR_SHARD = _sharded(_CLAIM_DUE_FAIR_WRITES, sharded=True)
 
-# The payouts' claim, one rail at a time (payments/payouts.py): the same statement over
+# The payouts' claim, one rail at a time (payouts/executor.py): the same statement over
 # that rail's rows only, its fresh rows from payments_payout_due_idx. The caller passes
 # the rail's allowance (breaker and pacing) as %(batch)s. An EXECUTING payout whose lease
 # ran out is either a worker that died mid-flight or an ambiguous answer whose follow-up
@@ -317,7 +317,7 @@ COUNT_IN_FLIGHT = (
 # CAS counts in the row when the attempt ends (docs/decisions/0008-start-markers-off-the-row.md).
 # Internal payments only (rail = ''): a payout's pair that reached this executor (a message
 # on the wrong queue) is not its to work; it stays stale here, and INSERT_STALE_ATTEMPTS
-# leaves its current attempt to the payouts executor (payments/payouts.py).
+# leaves its current attempt to the payouts executor (payouts/executor.py).
 _LOCK_FENCED_TEMPLATE = """
 SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
        coalesce(p.execute_at + p.expires_after < now(), false) AS expired,
@@ -395,7 +395,7 @@ SELECT m.id, m.attempt FROM unnest(%(ids)s::text[], %(attempts)s::int[]) AS m(id
     ON CONFLICT DO NOTHING
 """
 
-# Payouts keep the count on the row (payments/payouts.py): their tries are read and
+# Payouts keep the count on the row (payouts/executor.py): their tries are read and
 # written back by their own statements (LOCK_FENCED_PAYOUTS, UPDATE_PAYOUTS). Only
 # unindexed columns change; the expected status is a column of the unnest for the
 # reason given at LOCK_FENCED.
@@ -604,7 +604,7 @@ SELECT kind, coalesce(data->>'failure_reason', ''), count(*)
 """
 
 
-# The dashboard's 24 h history (payments/dashboard.py). HISTORY_START: the first slot of
+# The dashboard's 24 h history (console/dashboard.py). HISTORY_START: the first slot of
 # the window, on a slot boundary, ``slots`` slots before the current one (which it
 # includes); %(bucket)s: the slot's width in seconds. The two readings take that start
 # as a constant and read only the window's events through payments_event_created_brin

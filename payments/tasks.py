@@ -12,10 +12,12 @@ from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections
 
+from api import tokens
+from payments import execution, metrics, partitions, promoter, reconciliation
+from payouts import executor as payouts
+from payouts import settlement
 from rails.base import RailUnavailable
 
-from . import execution, metrics, partitions, payouts, promoter, reconciliation, settlement
-from .api import tokens
 from .worker import TRANSIENT_ERRORS, run_batch
 
 logger = logging.getLogger(__name__)
@@ -100,7 +102,7 @@ def execute_batch(self, pairs: list[list]) -> dict:
 @shared_task(name=promoter.PAYOUT_TASK, **CLAIMED_BATCH)
 def execute_payouts(self, pairs: list[list]) -> dict:
     """Work a claimed batch of payouts ``[[payment_id, attempt], ...]``: reserve, call the
-    rail outside any transaction, post or void (payments/payouts.py)."""
+    rail outside any transaction, post or void (payouts/executor.py)."""
     return run_claimed(self, pairs, payouts.run_payout_batch)
 
 

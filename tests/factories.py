@@ -165,7 +165,7 @@ def claim_payouts(batch: int = 100) -> list[tuple[str, int]]:
 
 def work_payouts(batch: int = 100):
     """Claim the due payouts and work them here, as the payouts process would (None: none due)."""
-    from payments.payouts import run_payout_batch
+    from payouts.executor import run_payout_batch
 
     pairs = claim_payouts(batch)
     return run_payout_batch(pairs, worker="test") if pairs else None

@@ -44,7 +44,7 @@ from ledger.models import ISSUANCE_ACCOUNT_ID, Account, Transfer
 from ledger.services import deposit_request_create
 from payments.management.commands.staff_groups import STAFF_GROUPS
 from payments.models import ArchivedPartition, RailState
-from payments.series import recurring_create
+from recurring.series import recurring_create
 from tests.api import future
 from tests.conftest import admin_client_for, client_for
 from tests.factories import (
@@ -180,7 +180,7 @@ API: dict[tuple[str, str], Api] = {
     ("payee-list", "POST"): Api(ok=201, body={"name": "mine", "rail": "sandbox", "destination": "acct_mine"}),
     ("payee-detail", "GET"): Api(reach=(VIEW_PAYEE,)),
     # Only its owner deletes a payee: staff who may read it get 403 (NOBODY), anyone else 404
-    # (payments/payees.py, payee_delete).
+    # (payouts/payees.py, payee_delete).
     ("payee-detail", "DELETE"): Api(reach=(VIEW_PAYEE,), act=NOBODY, ok=204),
     ("recurring-list", "GET"): Api(listing=Listing(VIEW_RECURRING, "recurring", "recurring_id")),
     ("recurring-list", "POST"): Api(ok=201, body=own_recurring),

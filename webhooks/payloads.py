@@ -14,8 +14,8 @@ import json
 
 from django.db import models
 
-from payments.api.fields import format_utc
-from payments.api.serializers import PaymentSerializer, RecurringPaymentSerializer
+from api.fields import format_utc
+from api.serializers import PaymentSerializer, RecurringPaymentSerializer
 from payments.models import RecurringPayment, ScheduledPayment
 
 from .events import TERMINAL_STATUS_TO_TYPE

@@ -10,8 +10,8 @@ from django.core.exceptions import ValidationError
 
 from common.admin_tools import ReasonForm
 from common.text import REFUSED_CATEGORIES, refused_character, validate_display_text
+from console.forms import RedriveForm, ReviewForm
 from ledger.forms import DepositForm
-from payments.forms import RedriveForm, ReviewForm
 
 # One of each kind the rule refuses, and the two the issue found stored in names.
 REFUSED = {

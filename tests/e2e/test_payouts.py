@@ -11,9 +11,9 @@ from django.utils import timezone
 from devtools.gateway import SandboxGateway, free_port
 from ledger.models import Account
 from payments.models import BreakerState, Payout, RailState, ScheduledPayment
-from payments.payees import payee_create
 from payments.reconciliation import reconcile
 from payments.services import payment_cancel, payment_schedule
+from payouts.payees import payee_create
 from tests.concurrency import wait_until
 from tests.factories import funded_account
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from payments.api.errors import ERROR_CODES
+from api.errors import ERROR_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

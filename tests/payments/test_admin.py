@@ -16,14 +16,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from common.admin_tools import ActionPermissionAdminMixin, EstimatedCountPaginator, id_in_url
+from console.admin import ScheduledPaymentAdmin
+from console.templatetags.payments_admin import datetime_span
 from ledger.models import StaffAction, Transfer
-from payments.admin import ScheduledPaymentAdmin
 from payments.execution import execute_batch
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import claim_due
 from payments.selectors import payment_execute_at_bounds
 from payments.services import payment_cancel
-from payments.templatetags.payments_admin import datetime_span
 from tests.conftest import admin_client_for
 from tests.factories import AccountFactory, UserFactory, due_payment, expire_lease, funded_account, future_payment
 

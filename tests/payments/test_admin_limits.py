@@ -1,4 +1,4 @@
-"""The admin's "Per-user limits" page (payments/admin_limits.py): who stands where
+"""The admin's "Per-user limits" page (console/admin_limits.py): who stands where
 against the limits, users at or near one first."""
 
 from datetime import UTC, datetime, time, timedelta
@@ -7,8 +7,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from payments.series import recurring_create
 from payments.services import payment_schedule
+from recurring.series import recurring_create
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, funded_account
 

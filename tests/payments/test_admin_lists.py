@@ -13,11 +13,11 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import timezone
 
-from payments import admin as payments_admin
-from payments.admin import export_filename, parse_due
-from payments.admin_rails import id_in_url
+from console import admin as payments_admin
+from console.admin import export_filename, parse_due
+from console.admin_rails import id_in_url
 from payments.models import PaymentStatus, ScheduledPayment
-from payments.series import recurring_create
+from recurring.series import recurring_create
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, due_payment, funded_account, future_payment, parked_payment
 

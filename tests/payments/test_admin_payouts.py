@@ -26,8 +26,8 @@ from payments.models import (
     ReviewReason,
     ScheduledPayment,
 )
-from payments.series import recurring_create
 from rails.base import NotFound, Paid, Unknown
+from recurring.series import recurring_create
 from tests.conftest import admin_client_for, staff_in
 from tests.factories import UserFactory, funded_account, future_payment, payee_for
 
@@ -246,7 +246,7 @@ class FakeRail:
     ids=["no answer", "paid at the rail"],
 )
 def test_resolving_a_reserved_payout_shows_the_rails_refusal(superuser, payout, monkeypatch, answer, expected):
-    monkeypatch.setattr("payments.payees.get_rail", lambda name: FakeRail(answer))
+    monkeypatch.setattr("payouts.payees.get_rail", lambda name: FakeRail(answer))
     response = admin_client_for(superuser).post(
         act_url(payout, "resolve"), {"confirmed": "1", "reason": "the bank says no"}, follow=True
     )
@@ -256,7 +256,7 @@ def test_resolving_a_reserved_payout_shows_the_rails_refusal(superuser, payout, 
 
 
 def test_resolving_a_reserved_payout_the_rail_never_saw_voids_its_reserve(superuser, payout, monkeypatch):
-    monkeypatch.setattr("payments.payees.get_rail", lambda name: FakeRail(NotFound()))
+    monkeypatch.setattr("payouts.payees.get_rail", lambda name: FakeRail(NotFound()))
     response = admin_client_for(superuser).post(
         act_url(payout, "resolve"), {"confirmed": "1", "reason": "never reached the bank"}, follow=True
     )

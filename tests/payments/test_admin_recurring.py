@@ -9,8 +9,8 @@ from django.utils import timezone
 
 from common.admin_tools import CONFIRMED, LatestRowsInlineFormSet
 from payments.models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
-from payments.series import recurring_create, recurring_end, recurring_generate_due
 from payments.services import payment_cancel, payment_schedule
+from recurring.series import recurring_create, recurring_end, recurring_generate_due
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, funded_account
 
@@ -225,7 +225,7 @@ def test_staff_without_any_permission_sees_no_recurring_payments(series):
 
 
 def test_an_oversized_selection_changes_nothing(support_user, series, monkeypatch):
-    monkeypatch.setattr("payments.admin.MAX_RECURRING_PER_ACTION", 1)
+    monkeypatch.setattr("console.admin.MAX_RECURRING_PER_ACTION", 1)
     response = action(admin_client_for(support_user), "pause_selected", series["daily"], series["weekly_cron"])
     assert messages_of(response) == ["Select at most 1 recurring payments; nothing changed."]
     assert RecurringPayment.objects.filter(status=RecurringStatus.ACTIVE).count() == 2

@@ -11,12 +11,7 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from payments.dashboard import (
-    LATENESS_SLOTS,
-    OUTCOME_SLOTS,
-    OVERDUE_ALERT_SECONDS,
-    lateness_path,
-)
+from console.dashboard import LATENESS_SLOTS, OUTCOME_SLOTS, OVERDUE_ALERT_SECONDS, lateness_path
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.selectors import lateness_history, outcomes_history
 from tests.conftest import admin_client_for
@@ -233,7 +228,7 @@ def test_history_is_read_at_most_once_a_minute_and_redis_down_is_not_an_error(au
     from django.core.cache import cache
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from payments import dashboard
+    from console import dashboard
 
     first = dashboard.history_charts()
     calls = []

@@ -10,9 +10,9 @@ from django.db import connection
 from django.test import RequestFactory
 from django.utils import timezone
 
+from console.admin import PayerFilter, ScheduledPaymentAdmin
 from devtools.bench import loader
 from payments import selectors
-from payments.admin import PayerFilter, ScheduledPaymentAdmin
 from payments.execution import execute_batch
 from payments.limits import outflow_by_payer_and_day, pending_by_payer
 from payments.models import PaymentLookup, ScheduledPayment

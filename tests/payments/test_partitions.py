@@ -15,13 +15,13 @@ from django.utils import timezone
 
 from common import ids
 from payments import partitions
-from payments import series as series_module
 from payments.execution import execute_batch
 from payments.models import ArchivedPartition, OccurrenceSlot, ScheduledPayment
 from payments.partitions import PAYMENTS, TABLES, Month
 from payments.promoter import claim_due
 from payments.reconciliation import reconcile
 from payments.services import payment_cancel
+from recurring import series as series_module
 from tests.api import assert_error
 from tests.conftest import client_for
 from tests.factories import due_payment, funded_account

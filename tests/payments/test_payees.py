@@ -11,10 +11,10 @@ from django.utils import timezone
 from ledger.models import Account, PendingTransfer
 from payments.exceptions import PayeeInUse, PaymentValidationError
 from payments.models import Payee, Payout, RecurringEvent, RecurringPayment, ScheduledPayment
-from payments.payees import payee_delete
 from payments.reconciliation import reconcile
-from payments.series import recurring_create, recurring_generate_due
 from payments.services import payment_schedule
+from payouts.payees import payee_delete
+from recurring.series import recurring_create, recurring_generate_due
 from tests.concurrency import Racers
 from tests.factories import due_payout, funded_account, payee_for, work_payouts
 

@@ -10,8 +10,8 @@ from django.utils import timezone
 from ledger.models import Account, PendingTransfer
 from payments import promoter
 from payments.models import BreakerState, Payout, PayoutState, RailState, ScheduledPayment
-from payments.payouts import run_payout_batch
 from payments.reconciliation import reconcile
+from payouts.executor import run_payout_batch
 from tests.conftest import client_for
 from tests.factories import claim_payouts, due_payment, due_payout, funded_account, payee_for, work_payouts
 

@@ -1,4 +1,4 @@
-"""Recurring payments (payments/series.py): generation, pause, resume, end, update."""
+"""Recurring payments (recurring/series.py): generation, pause, resume, end, update."""
 
 import logging
 import threading
@@ -16,7 +16,8 @@ from payments.exceptions import PaymentValidationError, RecurringStateError, Ver
 from payments.execution import execute_batch
 from payments.models import PaymentEvent, PaymentStatus, RecurringEvent, RecurringPayment, ScheduledPayment
 from payments.promoter import claim_due
-from payments.series import (
+from payments.services import payment_cancel
+from recurring.series import (
     recurring_create,
     recurring_end,
     recurring_generate_due,
@@ -24,7 +25,6 @@ from payments.series import (
     recurring_resume,
     recurring_update,
 )
-from payments.services import payment_cancel
 from tests.concurrency import Racers, run_concurrently, start_thread
 from tests.factories import claimed, due_payment, funded_account
 
@@ -234,7 +234,7 @@ def test_resume_records_as_skipped_only_what_the_pause_missed():
 def test_generation_skips_only_a_duplicate_occurrence_never_another_integrity_error(monkeypatch):
     from django.db import IntegrityError
 
-    from payments import series as series_module
+    from recurring import series as series_module
 
     a, b = funded_account(), funded_account()
     long_ago = timezone.now() - timedelta(hours=1)
@@ -424,7 +424,7 @@ def test_a_series_whose_generation_waits_on_a_lock_does_not_stop_the_others(capl
     join = start_thread(hold_the_source_account)
     try:
         assert locked.wait(timeout=10)
-        with caplog.at_level(logging.WARNING, logger="payments.series"):
+        with caplog.at_level(logging.WARNING, logger="recurring.series"):
             assert recurring_generate_due() == 1  # the healthy one, in the same tick
     finally:
         release.set()
@@ -449,7 +449,7 @@ def test_a_database_error_in_the_generation_never_aborts_the_tick(monkeypatch, c
     before = failures("database")
     published, tick = [], promoter.promoter_tick
     monkeypatch.setattr(promoter, "promoter_tick", lambda **kwargs: tick(publish=published.extend, **kwargs))
-    with caplog.at_level(logging.WARNING, logger="payments.series"):
+    with caplog.at_level(logging.WARNING, logger="recurring.series"):
         result = promoter.promoter_run_tick()
     assert result.claimed == 1 and published == [[(due.id, 1)]]  # the claim went ahead
     assert failures("database") == before + 1

@@ -18,7 +18,7 @@ from django.utils import timezone
 from devtools.processes import database_url
 from payments.models import Heartbeat, Payout, ScheduledPayment
 from payments.services import heartbeats_record
-from payments.settlement import KINDS, reconcile_settlement, reconcile_settlement_all
+from payouts.settlement import KINDS, reconcile_settlement, reconcile_settlement_all
 from rails.base import RailUnavailable
 from tests.factories import due_payout, funded_account, payee_for, work_payouts
 from tests.ops.scrape import scrape
@@ -64,20 +64,20 @@ def only(report, kind: str, count: int = 1):
 
 def test_a_clean_day_matches_every_executed_payout(paid, caplog):
     _executed, day = paid
-    with caplog.at_level(logging.INFO, logger="payments.settlement"):
+    with caplog.at_level(logging.INFO, logger="payouts.settlement"):
         report = reconcile_settlement(rail="sandbox", day=day)
     assert report.ok and report.mismatches == 0
     assert (report.rows_at_rail, report.payouts_here, report.matched) == (3, 3, 3)  # the declined one is in neither
     assert [k.kind for k in report.kinds] == list(KINDS)
     assert mismatches() == dict.fromkeys(KINDS, 0)
     assert Heartbeat.objects.get(name="settlement:sandbox").value == 0
-    assert [r.levelname for r in caplog.records if r.name == "payments.settlement"] == ["INFO"]
+    assert [r.levelname for r in caplog.records if r.name == "payouts.settlement"] == ["INFO"]
 
 
 def test_a_payout_unknown_to_us_is_paid_at_rail_not_executed(paid, rail_gateway, caplog):
     _executed, day = paid
     injected = rail_gateway.inject(kind="unknown_payout", amount=5, destination="acct_x")
-    with caplog.at_level(logging.INFO, logger="payments.settlement"):
+    with caplog.at_level(logging.INFO, logger="payouts.settlement"):
         report = reconcile_settlement(rail="sandbox", day=day)
     only(report, "paid_at_rail_not_executed")
     assert report.matched == 3 and report.rows_at_rail == 4
@@ -184,7 +184,7 @@ def test_a_mismatch_found_by_a_process_that_exited_stays_on_metrics(paid, rail_g
 def test_another_destination_is_payee_mismatch_and_never_shown(paid, caplog):
     executed, day = paid
     Payout.objects.filter(pk=executed[2]).update(destination="acct_secret")
-    with caplog.at_level(logging.INFO, logger="payments.settlement"):
+    with caplog.at_level(logging.INFO, logger="payouts.settlement"):
         report = reconcile_settlement(rail="sandbox", day=day)
     only(report, "payee_mismatch")
     assert report.get("payee_mismatch").samples[0].startswith(f"{executed[2]} ")

@@ -10,8 +10,8 @@ from django.utils import timezone
 from knox.models import AuthToken
 from rest_framework.exceptions import AuthenticationFailed
 
-from payments.api.authentication import TokenAuthentication
-from payments.api.fields import parse_rfc3339
+from api.authentication import TokenAuthentication
+from api.fields import parse_rfc3339
 from payments.tasks import purge_expired_tokens
 from tests.api import assert_error, post
 from tests.conftest import admin_client_for, client_for

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import pytest
 from django.contrib.auth.models import Permission
 
-from payments.api import urls as api_urls
+from api import urls as api_urls
 from payments.models import PaymentStatus, RecurringPayment, RecurringStatus, ScheduledPayment
-from payments.payees import payee_create
+from payouts.payees import payee_create
 from tests.api import assert_error, future, patch, post
 from tests.conftest import client_for
 from tests.factories import PASSWORD, UserFactory, funded_account

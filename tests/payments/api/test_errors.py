@@ -6,11 +6,11 @@ import pytest
 from django.db import InterfaceError, OperationalError
 from rest_framework import exceptions as drf_exceptions
 
+from api import errors
+from api.parsers import PayloadTooLarge
 from common.authz import ConflictOfInterest
 from ledger.services import DepositRefused
 from payments import exceptions as domain
-from payments.api import errors
-from payments.api.parsers import PayloadTooLarge
 from tests.api import assert_error, payment_body, post
 from tests.conftest import client_for
 from tests.factories import UserFactory, funded_account
@@ -148,7 +148,7 @@ def test_a_conflict_of_interest_is_403_with_its_code():
 
 def test_every_domain_exception_has_its_status_in_the_one_mapping():
     assert {type(exc) for exc, _ in DOMAIN_ERRORS} == set(_subclasses(domain.DomainError)) | {DepositRefused}
-    assert not hasattr(domain.DomainError, "http_status")  # HTTP lives in payments/api/errors.py only
+    assert not hasattr(domain.DomainError, "http_status")  # HTTP lives in api/errors.py only
 
 
 # --- throttling -----------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_throttling_fails_open_when_the_cache_is_down(low_rates, settings, api, 
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
                                    "LOCATION": "redis://127.0.0.1:1/1"}}
     source, target = funded_account(owner=user, balance=100), funded_account()
-    with caplog.at_level(logging.WARNING, logger="payments.api.throttling"):
+    with caplog.at_level(logging.WARNING, logger="api.throttling"):
         for i in range(5):
             assert post(api, "/api/v1/payments", payment_body(source, target), key=f"k{i}").status_code == 201
     assert "throttle cache unavailable" in caplog.text
@@ -209,13 +209,13 @@ def test_a_rate_of_off_disables_a_throttle(settings, api):
 def test_a_database_that_does_not_answer_is_a_503_to_retry_not_a_500(api, monkeypatch, caplog, error):
     """Not a bug: the database is restarting, failing over, or rolled the request back.
     The client is told to retry; nothing was written (the chaos run's primary crashes)."""
-    from payments.api import accounts as accounts_api
+    from api import accounts as accounts_api
 
     def unavailable(**kwargs):
         raise error
 
     monkeypatch.setattr(accounts_api, "account_visible_to", unavailable)
-    with caplog.at_level(logging.WARNING, logger="payments.api.errors"):
+    with caplog.at_level(logging.WARNING, logger="api.errors"):
         response = api.get("/api/v1/accounts")
     body = assert_error(response, 503, "database_unavailable")
     assert body["retry_after"] == int(response["Retry-After"]) == errors.DATABASE_RETRY_AFTER

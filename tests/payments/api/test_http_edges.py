@@ -50,7 +50,7 @@ def test_a_patch_body_over_djangos_memory_limit_is_413(api, accounts):
 def test_request_data_too_big_raised_outside_a_view_is_413_under_the_api(rf):
     from django.core.exceptions import RequestDataTooBig
 
-    from payments.api.errors import bad_request
+    from api.errors import bad_request
 
     response = bad_request(rf.post("/api/v1/payments"), RequestDataTooBig("too big"))
     assert response.status_code == 413

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, time, timedelta
 import pytest
 from django.utils import timezone
 
+from api.errors import ERROR_CODES
 from ledger.models import ISSUANCE_ACCOUNT_ID
-from payments.api.errors import ERROR_CODES
 from payments.models import IdempotencyKey, RecurringPayment, ScheduledPayment
 from tests.api import assert_error, patch, payment_body, post
 from tests.conftest import client_for

@@ -8,7 +8,7 @@ import yaml
 from django.core.management import call_command
 from django.utils import timezone
 
-from payments.api import urls as api_urls
+from api import urls as api_urls
 from tests.api import assert_error, patch, post
 from tests.conftest import client_for
 from tests.factories import funded_account, future_payment, webhook_endpoint
@@ -198,7 +198,7 @@ def path_parameters(operation) -> set[str]:
 
 
 def test_each_create_links_to_the_operations_on_what_it_made(schema):
-    """OpenAPI links (payments/api/schema.py, LINKS): from the create's answer to the
+    """OpenAPI links (api/schema.py, LINKS): from the create's answer to the
     operations on the resource, each path parameter taken from a field the answer always has."""
     by_id = {operation["operationId"]: operation for _, _, operation in operations(schema)}
     linked = {}

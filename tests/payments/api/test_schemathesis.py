@@ -80,7 +80,7 @@ def _amount(body: dict) -> int:
 # The creates whose bodies are sometimes made plausible: what each would need to succeed
 # (own account, a known target, tomorrow, a daily rule, an https URL), from the generated
 # body. Without this almost every generated create is refused, and the workflows that
-# start from a create (the links: payments/api/schema.py, LINKS) never get further.
+# start from a create (the links: api/schema.py, LINKS) never get further.
 PLAUSIBLE = {
     "/api/v1/payments": lambda body: {
         "from_account": OWN_ACCOUNT, "to_account": TARGET_ACCOUNT, "amount": _amount(body), "execute_at": _tomorrow(),
@@ -210,7 +210,7 @@ schema.config.phases.stateful.inference.algorithms = []
 
 
 class Workflows(schema.as_state_machine()):
-    """Sequences of calls that follow the schema's links (payments/api/schema.py, LINKS):
+    """Sequences of calls that follow the schema's links (api/schema.py, LINKS):
     create, then read, change, cancel or delete what was made, with the id from the answer."""
 
     token = ""

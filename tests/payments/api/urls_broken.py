@@ -10,7 +10,7 @@ def broken(request):
 urlpatterns = [
     path("api/v1/broken", broken),
     path("broken", broken),
-    path("api/v1/", include("payments.api.urls")),
+    path("api/v1/", include("api.urls")),
 ]
 
-handler500 = "payments.api.errors.server_error"
+handler500 = "api.errors.server_error"
