@@ -19,7 +19,7 @@ from rest_framework.views import set_rollback
 from api.authentication import LoginLockedOut
 from api.parsers import PayloadTooLarge
 from common.authz import ConflictOfInterest
-from delaypay.db_router import REPLICA, current_routing
+from common.routing import REPLICA, current_routing
 from ledger.services import (
     DepositRefused,
     DepositRequestNotFound,
@@ -51,7 +51,7 @@ from payments.exceptions import (
     StaffActionForbidden,
     VersionMismatch,
 )
-from webhooks.endpoints import DeliveryNotFound, EndpointLimit, EndpointNotFound
+from webhooks.exceptions import DeliveryNotFound, EndpointLimit, EndpointNotFound
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.response import Response
 
-from api.fields import format_utc, parse_rfc3339
+from payments.fields import format_utc, parse_rfc3339
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100

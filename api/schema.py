@@ -3,7 +3,6 @@ operation can give, the Idempotency-Key header and the page envelope."""
 
 from functools import cache
 
-from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, inline_serializer
 from rest_framework import serializers
 
@@ -157,25 +156,6 @@ def page_of(serializer_class, name: str):
 
 
 # --- request bodies as the server takes them, and the links between operations -------------
-
-
-class StrictSerializerExtension(OpenApiSerializerExtension):
-    """A request body read by a StrictSerializer refuses a field it does not declare, so
-    its schema says ``additionalProperties: false``; a PATCH body (AtLeastOneFieldSerializer)
-    refuses ``{}``, so its schema says ``minProperties: 1``. Responses are left as they are."""
-
-    target_class = "api.serializers.StrictSerializer"
-    match_subclasses = True
-
-    def map_serializer(self, auto_schema, direction):
-        from api.serializers import AtLeastOneFieldSerializer
-
-        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
-        if direction == "request":
-            schema["additionalProperties"] = False
-            if isinstance(self.target, AtLeastOneFieldSerializer):
-                schema["minProperties"] = 1
-        return schema
 
 
 def _from_body(name: str) -> dict[str, str]:

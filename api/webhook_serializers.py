@@ -5,8 +5,9 @@ the create and the rotation, never by a read."""
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from api.fields import DisplayTextField, StrictDateTimeField, format_utc
-from api.serializers import AtLeastOneFieldSerializer, PageQuerySerializer, RecurringPaymentSerializer, StrictSerializer
+from api.serializers import AtLeastOneFieldSerializer, PageQuerySerializer, StrictSerializer
+from payments.fields import DisplayTextField, StrictDateTimeField, format_utc
+from payments.representation import RecurringPaymentSerializer
 from webhooks.events import EVENT_TYPES
 from webhooks.models import Delivery, DeliveryAttempt, DeliveryStatus, Endpoint
 from webhooks.payloads import WebhookPaymentSerializer

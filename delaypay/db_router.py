@@ -23,7 +23,6 @@ nothing here runs. docs/how-to/read-replica.md is the operator's view.
 """
 
 import contextlib
-import contextvars
 import logging
 import math
 import os
@@ -37,12 +36,12 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from common.routing import REPLICA, current_routing
 from delaypay import replica_metrics as metrics
 
 logger = logging.getLogger(__name__)
 
 PRIMARY = DEFAULT_DB_ALIAS
-REPLICA = "replica"
 # The apps whose rows an API read may take from the replica. Anything else (auth, knox,
 # sessions, contenttypes, axes, admin, webhooks) is read on the primary.
 REPLICA_APPS = frozenset({"payments", "ledger"})
@@ -92,26 +91,15 @@ def _label(alias: str) -> str:
     return "replica" if alias == REPLICA else "primary"
 
 
-_routing: contextvars.ContextVar[ReadRouting | None] = contextvars.ContextVar("delaypay_read_routing", default=None)
-
-
-def current_routing() -> ReadRouting | None:
-    return _routing.get()
-
-
-def set_routing(routing: ReadRouting | None) -> contextvars.Token:
-    return _routing.set(routing)
-
-
-def reset_routing(token: contextvars.Token) -> None:
-    _routing.reset(token)
+# The request's routing lives in common/routing.py (current_routing, set_routing,
+# reset_routing), where the API's exception handler, below this package, can read it.
 
 
 class PrimaryReplicaRouter:
     """Django's database router (settings.DATABASE_ROUTERS when a replica is configured)."""
 
     def db_for_read(self, model, **hints) -> str:
-        routing = _routing.get()
+        routing = current_routing()
         if routing is None or not routing.eligible or model._meta.app_label not in REPLICA_APPS:
             return PRIMARY
         # Inside a transaction on the primary a read must see that transaction's own rows.

@@ -9,15 +9,8 @@ import logging
 
 from django.db import DatabaseError
 
-from delaypay.db_router import (
-    REPLICA,
-    ReadRouting,
-    current_routing,
-    record_write,
-    replica_monitor,
-    reset_routing,
-    set_routing,
-)
+from common.routing import REPLICA, current_routing, reset_routing, set_routing
+from delaypay.db_router import ReadRouting, record_write, replica_monitor
 
 logger = logging.getLogger(__name__)
 

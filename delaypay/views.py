@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from api.errors import error_body
 from common import prometheus
 from delaypay import health
-from payments.metrics import ScheduleCollector
+from payments.collector import ScheduleCollector
 from webhooks.metrics import WebhookCollector
 
 

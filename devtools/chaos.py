@@ -57,9 +57,10 @@ from payments.exceptions import PaymentNotCancellable, PayoutOutcomeUnknown
 from payments.models import Payee, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
 from payments.services import db_now, payment_cancel
-from payments.tasks import execute_batch, execute_payouts
+from payments.tasks import execute_batch
 from payouts.settlement import reconcile_settlement
-from rails.base import close_rails
+from payouts.tasks import execute_payouts
+from rails.registry import close_rails
 from webhooks.events import EVENT_TYPES
 from webhooks.models import Endpoint
 

@@ -20,7 +20,6 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from rails.base import RAIL_NAMES
-from recurring.series import recurring_generate_due
 
 from . import breaker, metrics, services, sql
 from .execution import worker_name
@@ -353,6 +352,19 @@ def publish_messages(messages: Sequence[list[Pair]]) -> None:
             current_app.send_task(EXECUTE_TASK, args=[pairs], producer=producer, retry=False)
 
 
+# What the first shard's tick does before its claim, registered by the apps above the
+# engine in their AppConfig.ready (recurring/apps.py: generate the series' due
+# occurrences). The engine knows no series: it calls what was registered, in order. A
+# hook must never raise (recurring_generate_due does not).
+FIRST_SHARD_HOOKS: list[Callable[[], object]] = []
+
+
+def register_first_shard_hook(hook: Callable[[], object]) -> None:
+    """Run ``hook`` at the start of every first shard's tick (once, however often registered)."""
+    if hook not in FIRST_SHARD_HOOKS:
+        FIRST_SHARD_HOOKS.append(hook)
+
+
 def execute_in_process(pairs: list[Pair]) -> None:
     """Execute one message's batch here, in the promoter (the fallback when Redis is down)."""
     run_batch([tuple(p) for p in pairs], worker=f"promoter:{worker_name()}")
@@ -365,10 +377,12 @@ def promoter_run_tick(*, degraded: bool = False, shard: Shard = Shard.ALL) -> "T
     ``shard``: the tick's claim shard (DELAYPAY_CLAIM_SHARDS); recurring generation and
     payouts are the first shard's work."""
     if shard.first:
+        # recurring/series.py's recurring_generate_due, registered by recurring/apps.py.
         # Never raises: in bounded batches, a series that cannot be generated now (a lock
         # timeout, a deadlock, bad data) is rolled back alone, logged, counted and tried
-        # again next tick, and the claim below goes ahead (recurring/series.py).
-        recurring_generate_due()
+        # again next tick, and the claim below goes ahead.
+        for hook in FIRST_SHARD_HOOKS:
+            hook()
     result = promoter_tick(degraded=degraded, shard=shard)
     services.heartbeat_record(name=Heartbeat.PROMOTER)
     if shard.sharded:

@@ -18,7 +18,8 @@ from datetime import datetime
 from django.conf import settings
 from django.db import connection, transaction
 
-from . import metrics, sql
+from . import services, sql
+from .models import Heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def reconcile_and_report() -> Report:
     """Reconcile (the daily beat task), feed the violations gauge, and log every violated
     check at ERROR so that a log alert fires even without Prometheus."""
     report = reconcile(sample_limit=10)
-    metrics.record_reconcile_result(violations=report.violations)
+    record_reconcile_result(violations=report.violations)
     for check in report.checks:
         if not check.ok:
             logger.error(
@@ -144,3 +145,11 @@ def reconcile_and_report() -> Report:
     else:
         logger.error("reconciliation found %d violations in %d payments", report.violations, report.payments)
     return report
+
+
+def record_reconcile_result(*, violations: int) -> None:
+    """The hook for ``reconcile``: call it after every run with the number of invariant
+    violations found (0 when the ledger and the payments agree). It becomes
+    ``delaypay_reconcile_violations`` and ``delaypay_reconcile_last_run_timestamp``
+    (payments/collector.py reads the heartbeat at scrape time)."""
+    services.heartbeat_record(name=Heartbeat.RECONCILE, value=violations)

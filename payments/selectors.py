@@ -23,6 +23,7 @@ from django.db.models.lookups import Exact, In
 
 from common.authz import staff_may, staff_may_view
 from ledger.models import Account
+from rails.base import RAIL_NAMES
 
 from . import sql
 from .exceptions import (
@@ -511,3 +512,47 @@ def rail_states() -> list[RailReading]:
     with connection.cursor() as cur:
         cur.execute(sql.RAIL_READINGS)
         return [RailReading(*row) for row in cur.fetchall()]
+
+
+# --- Settlement reconciliation's heartbeats, as /metrics exports them ------------------
+
+# kind -> what a mismatch means (payouts/settlement.py finds them). The order is the
+# report's order; the names are stable (metric labels, alert rules, the how-to).
+SETTLEMENT_MISMATCH_KINDS: dict[str, str] = {
+    "paid_at_rail_not_executed": "paid by the rail that day, but our payment under its key is missing or not EXECUTED",
+    "executed_not_at_rail": "EXECUTED here (payout paid that day) but absent from the rail's report",
+    "amount_mismatch": "in both, with another amount at the rail",
+    "payee_mismatch": "in both, paid by the rail to another destination than the payout's",
+    "reference_mismatch": "in both, under another rail reference than the payout's",
+}
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """A rail's last recorded settlement reconciliation, as /metrics exports it."""
+
+    rail: str
+    at: datetime
+    mismatches: dict[str, int]  # kind -> count: every kind, and "unknown" when the kinds do not add up
+
+
+def settlement_last_runs(beats: dict[str, HeartbeatReading]) -> list[LastRun]:
+    """Each rail's last run from the heartbeats settlement reconciliation wrote
+    (payouts/settlement.py, ``record``; ``beats``: heartbeat_readings()); a rail never
+    reconciled has none. The total is the truth: a kind counts only when written by the
+    same run (the same ``beat_at``), and what the kinds leave of the total (a run recorded
+    before the kinds were) is ``unknown``, so that the alert still fires on it."""
+    runs = []
+    for rail in RAIL_NAMES:
+        total = beats.get(Heartbeat.settlement_name(rail))
+        if total is None:
+            continue
+        counts = dict.fromkeys(SETTLEMENT_MISMATCH_KINDS, 0)
+        for kind in SETTLEMENT_MISMATCH_KINDS:
+            beat = beats.get(Heartbeat.settlement_name(rail, kind))
+            if beat is not None and beat.beat_at == total.beat_at:
+                counts[kind] = beat.value
+        if total.value > sum(counts.values()):
+            counts["unknown"] = total.value - sum(counts.values())
+        runs.append(LastRun(rail, total.beat_at, counts))
+    return runs

@@ -3,6 +3,7 @@ Every state change is a conditional UPDATE (compare-and-set) plus its audit even
 one transaction."""
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -12,7 +13,6 @@ from django.db import connection, transaction
 from common.authz import ConflictOfInterest
 from ledger.models import Account, StaffAction
 from ledger.services import clean_reason, staff_action_record
-from payouts.payees import payee_lock, payout_pending, payout_resolve_failed
 
 from . import limits, sql
 from .exceptions import (
@@ -29,6 +29,8 @@ from .models import (
     Heartbeat,
     PaymentEvent,
     PaymentStatus,
+    Payout,
+    PayoutState,
     ScheduledPayment,
 )
 
@@ -75,6 +77,46 @@ def check_accounts(*, payer, from_account_id: str, to_account_id: str, errors: d
         errors.setdefault("to_account", []).append("No such account.")
     elif target.status == Account.Status.CLOSED:
         errors.setdefault("to_account", []).append("The account is closed.")
+
+
+def payee_lock(*, payee_id: str, owner_id: int) -> str | None:
+    """The rail of ``owner_id``'s payee ``payee_id``, share-locked until the caller's
+    transaction ends; None when there is no such payee of theirs or it is deleted.
+
+    Whatever creates something that pays a payee (a payout, a series, an occurrence) takes
+    this lock before inserting it, so that ``payee_delete`` and the creation are
+    serialized on the payee's row (sql.LOCK_PAYEE): one of them wins, the other is
+    refused. Take it before any other lock the creation needs except the series' own row
+    (the per-payer limits' advisory lock comes after): a delete waits only on this row
+    and holds nothing else, so no cycle runs through it."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("payee_lock outside a transaction would release the lock at once")
+    with connection.cursor() as cur:
+        cur.execute(sql.LOCK_PAYEE, {"id": payee_id, "owner": owner_id})
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
+def payout_pending(payment_id: str) -> Payout | None:
+    """The payout's record while its funds are reserved and its outcome unknown."""
+    return Payout.objects.filter(payment_id=payment_id, state=PayoutState.PENDING).first()
+
+
+# Resolving a parked payout whose funds are reserved asks its rail first: payouts/apps.py
+# registers payouts/payees.py's payout_resolve_failed here, so the engine calls no rail.
+_parked_payout_resolvers: list[Callable[..., bool]] = []
+
+
+def register_parked_payout_resolver(resolver: Callable[..., bool]) -> None:
+    """``resolver(payout=, actor=, reason=)``: True when it resolved the payout as failed,
+    False when it was no longer parked with a reserve; raises what the rail's answer means."""
+    _parked_payout_resolvers[:] = [resolver]
+
+
+def parked_payout_resolver(*, payout: Payout, actor, reason: str) -> bool:
+    if not _parked_payout_resolvers:
+        raise RuntimeError("no resolver of parked payouts is registered (the payouts app is not installed)")
+    return _parked_payout_resolvers[0](payout=payout, actor=actor, reason=reason)
 
 
 def check_payee(*, payer, to_payee_id: str, errors: dict[str, list[str]]) -> str:
@@ -453,10 +495,11 @@ def payment_resolve(
     _refuse_a_party(payment_id=payment_id, actor=actor)
     payout = payout_pending(payment_id)
     if payout is not None:
-        # A parked payout with its funds reserved: its rail decides (payouts/payees.py).
+        # A parked payout with its funds reserved: its rail decides (payouts/payees.py,
+        # payout_resolve_failed, registered by payouts/apps.py).
         with transaction.atomic():
             _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])
-        if payout_resolve_failed(payout=payout, actor=actor, reason=reason):
+        if parked_payout_resolver(payout=payout, actor=actor, reason=reason):
             return ReviewOutcome(ScheduledPayment.objects.get(pk=payment_id), changed_now=True)
     with transaction.atomic(), connection.cursor() as cur:
         _check_version(payment_id, expected_version, statuses=[PaymentStatus.NEEDS_REVIEW])

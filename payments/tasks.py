@@ -1,4 +1,6 @@
 """Celery tasks: thin wrappers that take ids, call one service and handle retries.
+The payouts' tasks are in payouts/tasks.py, the API tokens' purge in api/tasks.py; every
+task keeps its name (``payments.tasks.*``): messages in flight during a deploy name it.
 
 Never an ETA or countdown to hold a payment until it is due: the table is the
 schedule. The only countdowns here are a few seconds of retry backoff.
@@ -6,17 +8,12 @@ schedule. The only countdowns here are a few seconds of retry backoff.
 
 import logging
 import random
-from datetime import date
 
 from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections
 
-from api import tokens
 from payments import execution, metrics, partitions, promoter, reconciliation
-from payouts import executor as payouts
-from payouts import settlement
-from rails.base import RailUnavailable
 
 from .worker import TRANSIENT_ERRORS, run_batch
 
@@ -42,12 +39,6 @@ def promoter_tick(shard: int = 0, shards: int = 1) -> dict:
 def purge_start_markers() -> dict:
     """Delete the executor's start markers no attempt needs any more (beat: every minute)."""
     return {"deleted": execution.purge_start_markers()}
-
-
-@shared_task(name="payments.tasks.purge_expired_tokens", ignore_result=True)
-def purge_expired_tokens() -> dict:
-    """Delete the API tokens whose lifetime has passed (beat: hourly)."""
-    return {"deleted": tokens.api_tokens_purge_expired()}
 
 
 @shared_task(name="payments.tasks.ensure_partitions", ignore_result=True)
@@ -99,28 +90,8 @@ def execute_batch(self, pairs: list[list]) -> dict:
     return run_claimed(self, pairs, run_batch)
 
 
-@shared_task(name=promoter.PAYOUT_TASK, **CLAIMED_BATCH)
-def execute_payouts(self, pairs: list[list]) -> dict:
-    """Work a claimed batch of payouts ``[[payment_id, attempt], ...]``: reserve, call the
-    rail outside any transaction, post or void (payouts/executor.py)."""
-    return run_claimed(self, pairs, payouts.run_payout_batch)
-
-
 @shared_task(name="payments.tasks.reconcile_daily", ignore_result=True)
 def reconcile_daily() -> dict:
     """Run the reconciliation (beat, daily) and log every violated check at ERROR."""
     report = reconciliation.reconcile_and_report()
     return {"ok": report.ok, "violations": report.violations}
-
-
-@shared_task(name="payments.tasks.reconcile_settlement_daily", bind=True, ignore_result=True, max_retries=12)
-def reconcile_settlement_daily(self, day: str | None = None) -> dict:
-    """Reconcile every rail's settlement report of ``day`` (default yesterday, UTC; beat,
-    daily). A rail that does not answer is tried again every 10 minutes for two hours,
-    the day pinned so that a retry after midnight checks the same day."""
-    target = date.fromisoformat(day) if day else settlement.yesterday_utc()
-    try:
-        reports = settlement.reconcile_settlement_all(day=target)
-    except RailUnavailable as exc:
-        raise self.retry(exc=exc, countdown=600, kwargs={"day": target.isoformat()}) from exc
-    return {"day": target.isoformat(), "mismatches": sum(r.mismatches for r in reports)}

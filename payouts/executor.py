@@ -48,7 +48,8 @@ from payments.execution import (
 )
 from payments.models import ExecutionAttempt, FailureReason, PaymentStatus, PayoutState, ReviewReason
 from payments.worker import log_outcomes, retry_conflicts
-from rails.base import Declined, NotFound, Paid, Unknown, get_rail
+from rails.base import Declined, NotFound, Paid, Unknown
+from rails.registry import get_rail
 
 logger = logging.getLogger(__name__)
 outcome_logger = logging.getLogger("payments.outcomes")

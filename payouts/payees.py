@@ -28,7 +28,8 @@ from payments.models import (
     RecurringStatus,
     ScheduledPayment,
 )
-from rails.base import Declined, NotFound, Paid, get_rail
+from rails.base import Declined, NotFound, Paid
+from rails.registry import get_rail
 
 PENDING_STATUSES = (PaymentStatus.SCHEDULED, PaymentStatus.EXECUTING, PaymentStatus.NEEDS_REVIEW)
 
@@ -50,24 +51,6 @@ def payee_create(*, owner, name: str, rail: str, destination: str) -> Payee:
     if rail not in Rail.values:
         raise PaymentValidationError({"rail": [f"Must be one of: {', '.join(Rail.values)}."]})
     return Payee.objects.create(owner=owner, name=name, rail=rail, destination=destination)
-
-
-def payee_lock(*, payee_id: str, owner_id: int) -> str | None:
-    """The rail of ``owner_id``'s payee ``payee_id``, share-locked until the caller's
-    transaction ends; None when there is no such payee of theirs or it is deleted.
-
-    Whatever creates something that pays a payee (a payout, a series, an occurrence) takes
-    this lock before inserting it, so that ``payee_delete`` and the creation are
-    serialized on the payee's row (sql.LOCK_PAYEE): one of them wins, the other is
-    refused. Take it before any other lock the creation needs except the series' own row
-    (the per-payer limits' advisory lock comes after): a delete waits only on this row
-    and holds nothing else, so no cycle runs through it."""
-    if not connection.in_atomic_block:
-        raise RuntimeError("payee_lock outside a transaction would release the lock at once")
-    with connection.cursor() as cur:
-        cur.execute(sql.LOCK_PAYEE, {"id": payee_id, "owner": owner_id})
-        row = cur.fetchone()
-    return row[0] if row else None
 
 
 class StatementTimestamp(Func):
@@ -101,11 +84,6 @@ def payee_delete(*, user, payee_id: str) -> Payee:
         Payee.objects.filter(pk=payee.pk).update(deleted_at=StatementTimestamp())
     payee.refresh_from_db()
     return payee
-
-
-def payout_pending(payment_id: str) -> Payout | None:
-    """The payout's record while its funds are reserved and its outcome unknown."""
-    return Payout.objects.filter(payment_id=payment_id, state=PayoutState.PENDING).first()
 
 
 def payout_resolve_failed(*, payout: Payout, actor, reason: str) -> bool:

@@ -12,8 +12,8 @@ us hearing of it.
 Read-only: the rail is called first, outside any transaction, then the database is read
 in one REPEATABLE READ snapshot. Only heartbeats are written: the run's total and its
 count of each kind (``record``), from which every web process's /metrics exports
-``delaypay_settlement_mismatches`` (``last_runs``), whichever process or host ran it and
-long after it exited.
+``delaypay_settlement_mismatches`` (payments/selectors.py, ``settlement_last_runs``),
+whichever process or host ran it and long after it exited.
 """
 
 import logging
@@ -21,28 +21,16 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as clock
-from typing import TYPE_CHECKING
 
 from django.db import connection, transaction
 
 from payments import services, sql
 from payments.models import Heartbeat, PaymentStatus, Payout, PayoutState, ScheduledPayment
-from rails.base import RAIL_NAMES, RailUnavailable, SettlementRow, get_rail
-
-if TYPE_CHECKING:
-    from payments.selectors import HeartbeatReading
+from payments.selectors import SETTLEMENT_MISMATCH_KINDS as KINDS
+from rails.base import RAIL_NAMES, RailUnavailable, SettlementRow
+from rails.registry import get_rail
 
 logger = logging.getLogger(__name__)
-
-# kind -> what a mismatch means. The order is the report's order; the names are stable
-# (metric labels, alert rules, the how-to).
-KINDS: dict[str, str] = {
-    "paid_at_rail_not_executed": "paid by the rail that day, but our payment under its key is missing or not EXECUTED",
-    "executed_not_at_rail": "EXECUTED here (payout paid that day) but absent from the rail's report",
-    "amount_mismatch": "in both, with another amount at the rail",
-    "payee_mismatch": "in both, paid by the rail to another destination than the payout's",
-    "reference_mismatch": "in both, under another rail reference than the payout's",
-}
 
 # Keys looked up per query (the report's keys we do not find among the day's payouts).
 _KEY_CHUNK = 5_000
@@ -222,37 +210,6 @@ def record(report: SettlementReport) -> None:
     if report.ok:
         logger.info("settlement of %s on %s clean: %d rows, %d matched, %.2fs",
                     report.rail, report.day, report.rows_at_rail, report.matched, report.seconds)
-
-
-@dataclass(frozen=True)
-class LastRun:
-    """A rail's last recorded settlement reconciliation, as /metrics exports it."""
-
-    rail: str
-    at: datetime
-    mismatches: dict[str, int]  # kind -> count: every kind, and "unknown" when the kinds do not add up
-
-
-def last_runs(beats: dict[str, "HeartbeatReading"]) -> list[LastRun]:
-    """Each rail's last run from the heartbeats ``record`` wrote (``beats``:
-    selectors.heartbeat_readings()); a rail never reconciled has none. The total is the
-    truth: a kind counts only when written by the same run (the same ``beat_at``), and
-    what the kinds leave of the total (a run recorded before the kinds were) is
-    ``unknown``, so that the alert still fires on it."""
-    runs = []
-    for rail in RAIL_NAMES:
-        total = beats.get(Heartbeat.settlement_name(rail))
-        if total is None:
-            continue
-        counts = dict.fromkeys(KINDS, 0)
-        for kind in KINDS:
-            beat = beats.get(Heartbeat.settlement_name(rail, kind))
-            if beat is not None and beat.beat_at == total.beat_at:
-                counts[kind] = beat.value
-        if total.value > sum(counts.values()):
-            counts["unknown"] = total.value - sum(counts.values())
-        runs.append(LastRun(rail, total.beat_at, counts))
-    return runs
 
 
 def reconcile_settlement_all(*, day: date, sample_limit: int = 10) -> list[SettlementReport]:

@@ -54,8 +54,8 @@ from payments.services import (
     check_source,
     create_payment_row,
     db_now,
+    payee_lock,
 )
-from payouts.payees import payee_lock
 
 logger = logging.getLogger(__name__)
 

@@ -87,7 +87,7 @@ def sandbox_gateway(tmp_path_factory):
 
 @pytest.fixture
 def rail_gateway(sandbox_gateway, settings):
-    from rails.base import close_rails
+    from rails.registry import close_rails
 
     sandbox_gateway.reset(data=True)
     settings.DELAYPAY_RAIL_SANDBOX_URL = sandbox_gateway.url

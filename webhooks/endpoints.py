@@ -18,11 +18,18 @@ from django.db.models import DateTimeField, ExpressionWrapper, F, Prefetch, Quer
 from django.db.models.functions import Now
 
 from common.authz import staff_may_view
-from payments.exceptions import DomainError, StaffActionForbidden, VersionMismatch
 from payments.limits import lock_payer
 
+from .exceptions import (
+    DeliveryNotFound,
+    EndpointActForbidden,
+    EndpointLimit,
+    EndpointNotFound,
+    EndpointVersionMismatch,
+)
 from .models import Delivery, DeliveryAttempt, Endpoint, new_secret
 from .safety import validate_endpoint_url
+from .services import deliveries_recover_disabled
 
 # After a rotation the old secret keeps signing alongside the new one this long.
 PREVIOUS_SECRET_GRACE = timedelta(hours=24)
@@ -32,40 +39,6 @@ MAX_ENDPOINTS_PER_USER = 10
 # Attempts shown per delivery in the API, newest first: a delivery resent many times
 # keeps its older tries in the admin.
 MAX_ATTEMPTS_SHOWN = 50
-
-
-class EndpointNotFound(DomainError):
-    code = "not_found"
-    default_detail = "No such webhook endpoint."
-
-
-class DeliveryNotFound(DomainError):
-    code = "not_found"
-    default_detail = "No such delivery of this webhook endpoint."
-
-
-class EndpointActForbidden(StaffActionForbidden):
-    default_detail = (
-        "Only the endpoint's owner may change it, delete it, rotate its secret or resend its deliveries "
-        "(staff resend from the admin)."
-    )
-
-
-class EndpointLimit(DomainError):
-    code = "limit_webhook_endpoints"
-
-    def __init__(self, *, limit: int, usage: int):
-        super().__init__(
-            f"You have {usage} webhook endpoints, the most one user may have; delete one first.",
-            limit=limit,
-            usage=usage,
-        )
-
-
-class EndpointVersionMismatch(VersionMismatch):
-    def __init__(self, version: int):
-        DomainError.__init__(self, "The endpoint changed since you read it (If-Match does not match).", version=version)
-        self.version = version
 
 
 # --- reads ---------------------------------------------------------------------------------
@@ -194,8 +167,6 @@ def endpoint_update(
             Endpoint.objects.filter(pk=endpoint.pk).update(**changes, version=F("version") + 1, updated_at=Now())
             endpoint.refresh_from_db()
         if changes.get("enabled"):
-            from .services import deliveries_recover_disabled  # services imports this module
-
             deliveries_recover_disabled(endpoint_id=endpoint.pk)
     return endpoint
 

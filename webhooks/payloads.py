@@ -1,6 +1,6 @@
 """What a webhook says: the event's envelope around the payment (or recurring payment)
 as the API shows it, rendered from the snapshot the outbox trigger took in the
-transaction of the change, through the API's own serializers. A terminal payment event
+transaction of the change, through the API's own serializers (payments/representation.py). A terminal payment event
 (executed, failed, cancelled) has no snapshot of its own: the dispatcher's claim reads
 the payment row, frozen since that change, in its place (webhooks/sql.py).
 
@@ -14,9 +14,9 @@ import json
 
 from django.db import models
 
-from api.fields import format_utc
-from api.serializers import PaymentSerializer, RecurringPaymentSerializer
+from payments.fields import format_utc
 from payments.models import RecurringPayment, ScheduledPayment
+from payments.representation import PaymentSerializer, RecurringPaymentSerializer
 
 from .events import TERMINAL_STATUS_TO_TYPE
 

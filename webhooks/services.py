@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from . import sql
-from .endpoints import DeliveryNotFound
+from .exceptions import DeliveryNotFound
 from .models import Delivery, DeliveryStatus
 
 

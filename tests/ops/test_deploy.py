@@ -12,7 +12,7 @@ import pytest
 import yaml
 from django.conf import settings
 
-from payments import metrics
+from payments import metrics, reconciliation
 from payments.models import Heartbeat, RailState
 from payments.services import heartbeat_record, heartbeats_record
 
@@ -69,7 +69,7 @@ def exported(db, settings) -> dict[str, set[str]]:
     # when it routes reads (DATABASE_REPLICA_URL): not on its own in a test run of this file.
     importlib.import_module("delaypay.replica_metrics")
     heartbeat_record(name=Heartbeat.PROMOTER)
-    metrics.record_reconcile_result(violations=0)
+    reconciliation.record_reconcile_result(violations=0)
     for outcome in ("executed", "already_applied", "stale", "error"):
         metrics.executed_total.labels(outcome, "").inc(0)
     metrics.executed_total.labels("failed", "insufficient_funds").inc(0)

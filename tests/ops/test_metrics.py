@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 from prometheus_client import Histogram
 
-from payments import metrics, tasks
+from payments import metrics, reconciliation, tasks
 from payments.models import Heartbeat, ScheduledPayment
 from payments.services import heartbeat_record, payment_cancel
 from tests.conftest import flush_test_redis
@@ -118,11 +118,11 @@ def test_counts_per_status_are_cached_between_scrapes(settings):
 
 @pytest.mark.django_db
 def test_reconcile_hook_exports_the_last_result():
-    metrics.record_reconcile_result(violations=3)
+    reconciliation.record_reconcile_result(violations=3)
     samples = scrape()
     assert samples["delaypay_reconcile_violations{}"] == 3
     assert samples["delaypay_reconcile_last_run_timestamp{}"] > 0
-    metrics.record_reconcile_result(violations=0)
+    reconciliation.record_reconcile_result(violations=0)
     assert scrape()["delaypay_reconcile_violations{}"] == 0
 
 

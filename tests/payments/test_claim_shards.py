@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from payments import metrics, promoter, sql, tasks
+from payments import collector, promoter, sql, tasks
 from payments.models import Heartbeat, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.promoter import FairWalk, Shard, claim_due, claim_params, promoter_run_tick, promoter_tick
 from tests.concurrency import Racers
@@ -143,19 +143,19 @@ def test_every_tick_records_its_shard_heartbeat_and_the_metrics_read_them(settin
     names = set(Heartbeat.objects.values_list("name", flat=True))
     assert {Heartbeat.PROMOTER, Heartbeat.shard_name(1)} <= names
     assert Heartbeat.shard_name(0) not in names
-    families = {f.name: f for f in metrics.ScheduleCollector(counts_max_age=0).collect()}
+    families = {f.name: f for f in collector.ScheduleCollector(counts_max_age=0).collect()}
     ages = {s.labels["shard"]: s.value for s in families["delaypay_promoter_shard_last_tick_age_seconds"].samples}
     assert ages["1"] < 60
     assert ages["0"] == ages["2"] == float("inf")
     settings.DELAYPAY_CLAIM_SHARDS = 1
-    families = {f.name for f in metrics.ScheduleCollector(counts_max_age=0).collect()}
+    families = {f.name for f in collector.ScheduleCollector(counts_max_age=0).collect()}
     assert "delaypay_promoter_shard_last_tick_age_seconds" not in families
 
 
 @pytest.mark.django_db
 def test_only_the_first_shard_generates_recurring_payments_and_claims_payouts(monkeypatch):
     calls = []
-    monkeypatch.setattr(promoter, "recurring_generate_due", lambda: calls.append("recurring"))
+    monkeypatch.setattr(promoter, "FIRST_SHARD_HOOKS", [lambda: calls.append("recurring")])
     monkeypatch.setattr(promoter, "payouts_tick", lambda **_: calls.append("payouts"))
     promoter_run_tick(shard=Shard(1, 2))
     assert calls == []

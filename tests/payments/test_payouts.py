@@ -203,7 +203,7 @@ def test_pacing_claims_no_more_than_the_bucket_holds(rail_gateway, settings):
 
 def test_a_rail_that_refuses_connections_costs_no_try(rail_gateway, settings):
     from devtools.gateway import free_port
-    from rails.base import close_rails
+    from rails.registry import close_rails
 
     settings.DELAYPAY_RAIL_SANDBOX_URL = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     close_rails()

@@ -5,8 +5,8 @@ import uuid
 import pytest
 
 from devtools.gateway import SandboxGateway
-from rails.base import close_rails
 from rails.http import HttpRail
+from rails.registry import close_rails
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rails.base import RAIL_NAMES, Declined, NotFound, Paid, RailUnavailable, Unknown, close_rails, get_rail
+from rails.base import RAIL_NAMES, Declined, NotFound, Paid, RailUnavailable, Unknown
 from rails.http import HttpRail
+from rails.registry import close_rails, get_rail
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,8 +10,9 @@ import httpcore
 import pytest
 
 from rails import http
-from rails.base import Paid, RailUnavailable, Unknown, close_rails, get_rail
+from rails.base import Paid, RailUnavailable, Unknown
 from rails.http import HttpRail
+from rails.registry import close_rails, get_rail
 
 
 @pytest.fixture

@@ -282,7 +282,7 @@ def test_resend_delivers_again_with_the_same_id(receiver):
 
 @pytest.mark.django_db
 def test_resend_of_an_unknown_delivery_is_not_found():
-    from webhooks.endpoints import DeliveryNotFound
+    from webhooks.exceptions import DeliveryNotFound
 
     with pytest.raises(DeliveryNotFound):
         delivery_resend(delivery_id=123456789, actor=None)

@@ -4,8 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from payments import metrics
-from payments.reconciliation import reconcile
+from payments.reconciliation import reconcile, record_reconcile_result
 
 
 class Command(BaseCommand):
@@ -34,7 +33,7 @@ class Command(BaseCommand):
             overdue_after_seconds=options["overdue_after"],
             sample_limit=options["limit"],
         )
-        metrics.record_reconcile_result(violations=report.violations)
+        record_reconcile_result(violations=report.violations)
         if options["json"]:
             self.stdout.write(json.dumps(report.as_dict()))
         else:

@@ -11,8 +11,8 @@ from knox.models import AuthToken
 from rest_framework.exceptions import AuthenticationFailed
 
 from api.authentication import TokenAuthentication
-from api.fields import parse_rfc3339
-from payments.tasks import purge_expired_tokens
+from api.tasks import purge_expired_tokens
+from payments.fields import parse_rfc3339
 from tests.api import assert_error, post
 from tests.conftest import admin_client_for, client_for
 from tests.factories import PASSWORD

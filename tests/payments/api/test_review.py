@@ -7,8 +7,8 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from api.fields import format_utc
 from payments import execution
+from payments.fields import format_utc
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from tests.api import assert_error, future, post
 from tests.conftest import client_for
