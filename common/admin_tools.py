@@ -129,7 +129,7 @@ class LimitedChangeList(ChangeList):
     def get_queryset(self, request, exclude_parameters=None):
         queryset = super().get_queryset(request, exclude_parameters)
         # A filter that bounds the date drill-down's field says so on the request
-        # (console/admin.py, known_execute_at_range): the drill-down spans that range.
+        # (console/admin/filters.py, known_execute_at_range): the drill-down spans that range.
         self.date_hierarchy_range = getattr(request, "_dp_execute_at_range", None)
         if self.date_range:
             queryset = queryset.filter(self.model_admin.date_hierarchy_condition(**self.date_range))

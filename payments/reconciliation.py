@@ -18,7 +18,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import connection, transaction
 
-from . import services, sql
+from . import services, sql_reconcile
 from .models import Heartbeat
 
 logger = logging.getLogger(__name__)
@@ -112,14 +112,15 @@ def reconcile(
     outermost = not connection.in_atomic_block
     with transaction.atomic(), connection.cursor() as cur:
         if outermost:
-            cur.execute(sql.RECONCILE_SNAPSHOT)
-        for setting in sql.RECONCILE_SESSION:
+            cur.execute(sql_reconcile.RECONCILE_SNAPSHOT)
+        for setting in sql_reconcile.RECONCILE_SESSION:
             cur.execute(setting)
-        cur.execute(sql.RECONCILE_COUNT)
+        cur.execute(sql_reconcile.RECONCILE_COUNT)
         checked_at, payments = cur.fetchone()
-        for check_sql in (sql.RECONCILE_PAYMENT_LEDGER, sql.RECONCILE_LEDGER, sql.RECONCILE_LIVENESS,
-                          sql.RECONCILE_HISTORY, sql.RECONCILE_LOOKUP, sql.RECONCILE_PAYOUTS,
-                          sql.RECONCILE_WEBHOOK_EVENTS):
+        for check_sql in (sql_reconcile.RECONCILE_PAYMENT_LEDGER, sql_reconcile.RECONCILE_LEDGER,
+                          sql_reconcile.RECONCILE_LIVENESS, sql_reconcile.RECONCILE_HISTORY,
+                          sql_reconcile.RECONCILE_LOOKUP, sql_reconcile.RECONCILE_PAYOUTS,
+                          sql_reconcile.RECONCILE_WEBHOOK_EVENTS):
             cur.execute(check_sql, params)
             for name, count, samples in cur.fetchall():
                 found[name] = (count, [s.strip() for s in samples or []])

@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from ledger.services import Reservation, ledger_reserve_batch, ledger_resolve_pending
-from payments import breaker, metrics, sql
+from payments import breaker, metrics
 from payments.execution import (
     BatchResult,
     Decision,
@@ -47,9 +47,12 @@ from payments.execution import (
     write_outcomes,
 )
 from payments.models import ExecutionAttempt, FailureReason, PaymentStatus, PayoutState, ReviewReason
+from payments.sql import MARK_STARTED_IN_ROW
 from payments.worker import log_outcomes, retry_conflicts
 from rails.base import Declined, NotFound, Paid, Unknown
 from rails.registry import get_rail
+
+from . import sql
 
 logger = logging.getLogger(__name__)
 outcome_logger = logging.getLogger("payments.outcomes")
@@ -302,7 +305,7 @@ def run_payout_batch(pairs: list[Pair], *, worker: str | None = None) -> BatchRe
     worker = worker or worker_name()
     pairs = list(dict.fromkeys((str(pid), int(att)) for pid, att in pairs))
     started = time.perf_counter()
-    mark_started(pairs, statement=sql.MARK_STARTED_IN_ROW)
+    mark_started(pairs, statement=MARK_STARTED_IN_ROW)
     works, result = retry_conflicts(lambda: prepare(pairs, worker=worker))
     answers = call_rails(works)
     if answers:

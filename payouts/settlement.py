@@ -24,7 +24,7 @@ from datetime import time as clock
 
 from django.db import connection, transaction
 
-from payments import services, sql
+from payments import services, sql_reconcile
 from payments.models import Heartbeat, PaymentStatus, Payout, PayoutState, ScheduledPayment
 from payments.selectors import SETTLEMENT_MISMATCH_KINDS as KINDS
 from rails.base import RAIL_NAMES, RailUnavailable, SettlementRow
@@ -123,7 +123,7 @@ def _read_ours(*, rail: str, day: date, report_keys: set[str]) -> tuple[dict[str
     with transaction.atomic():
         if outermost:
             with connection.cursor() as cur:
-                cur.execute(sql.RECONCILE_SNAPSHOT)
+                cur.execute(sql_reconcile.RECONCILE_SNAPSHOT)
         paid = {
             payment_id: _Ours(status, PayoutState.PAID, amount, destination, reference)
             for payment_id, status, amount, destination, reference in Payout.objects.filter(

@@ -27,7 +27,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from ledger.models import Account
-from payments import limits, metrics, sql
+from payments import limits, metrics
 from payments.exceptions import PaymentValidationError, RecurringNotFound, RecurringStateError, VersionMismatch
 from payments.models import (
     PaymentEvent,
@@ -56,6 +56,9 @@ from payments.services import (
     db_now,
     payee_lock,
 )
+from payments.sql import SET_LOCAL_LOCK_TIMEOUT
+
+from . import sql
 
 logger = logging.getLogger(__name__)
 
@@ -512,7 +515,7 @@ def recurring_generate_due(
         try:
             with transaction.atomic():
                 with connection.cursor() as cur:
-                    cur.execute(sql.SET_LOCAL_LOCK_TIMEOUT, [GENERATION_LOCK_TIMEOUT])
+                    cur.execute(SET_LOCAL_LOCK_TIMEOUT, [GENERATION_LOCK_TIMEOUT])
                     cur.execute(sql.CONSTRAINTS_IMMEDIATE)
                     cur.execute(sql.RECURRING_DUE, {"batch": min(batch, limit - len(seen)), "seen": seen})
                     ids = [row[0] for row in cur.fetchall()]

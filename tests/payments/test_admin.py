@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from common.admin_tools import ActionPermissionAdminMixin, EstimatedCountPaginator, id_in_url
-from console.admin import ScheduledPaymentAdmin
+from console.admin.payments import ScheduledPaymentAdmin
 from console.templatetags.payments_admin import datetime_span
 from ledger.models import StaffAction, Transfer
 from payments.execution import execute_batch

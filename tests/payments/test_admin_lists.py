@@ -13,8 +13,9 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import timezone
 
-from console import admin as payments_admin
-from console.admin import export_filename, parse_due
+from console.admin import review as payments_admin
+from console.admin.filters import parse_due
+from console.admin.payments import export_filename
 from console.admin_rails import id_in_url
 from payments.models import PaymentStatus, ScheduledPayment
 from recurring.series import recurring_create

@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from common.admin_tools import id_in_url
-from console.admin import ScheduledPaymentAdmin
+from console.admin.payments import ScheduledPaymentAdmin
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, funded_account, future_payment, parked_payment

@@ -10,7 +10,8 @@ from django.db import connection
 from django.test import RequestFactory
 from django.utils import timezone
 
-from console.admin import PayerFilter, ScheduledPaymentAdmin
+from console.admin.filters import PayerFilter
+from console.admin.payments import ScheduledPaymentAdmin
 from devtools.bench import loader
 from payments import selectors
 from payments.execution import execute_batch

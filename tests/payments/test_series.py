@@ -11,12 +11,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from ledger.models import Account, Transfer
-from payments import metrics, promoter, sql
+from payments import metrics, promoter
 from payments.exceptions import PaymentValidationError, RecurringStateError, VersionMismatch
 from payments.execution import execute_batch
 from payments.models import PaymentEvent, PaymentStatus, RecurringEvent, RecurringPayment, ScheduledPayment
 from payments.promoter import claim_due
 from payments.services import payment_cancel
+from recurring import sql
 from recurring.series import (
     recurring_create,
     recurring_end,

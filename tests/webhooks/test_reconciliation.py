@@ -87,9 +87,9 @@ def test_a_duplicate_or_wrong_event_is_reported(finished):
 
 def test_the_check_is_one_pass_over_each_table(finished):
     """Set-based like its neighbours: hash joins, no nested loop per payment."""
-    from payments import sql
+    from payments import sql_reconcile
 
     with connection.cursor() as cur:
-        cur.execute("EXPLAIN " + sql.RECONCILE_WEBHOOK_EVENTS, {"limit": 10})
+        cur.execute("EXPLAIN " + sql_reconcile.RECONCILE_WEBHOOK_EVENTS, {"limit": 10})
         plan = "\n".join(row[0] for row in cur.fetchall())
     assert "Nested Loop" not in plan and "SubPlan" not in plan

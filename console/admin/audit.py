@@ -1,0 +1,69 @@
+"""The append-only audit tables (payment events, execution attempts, recurring events) and
+the archived partitions, read-only."""
+
+from django.contrib import admin
+
+from common.admin_tools import (
+    ActionPermissionAdminMixin,
+    LargeTableAdminMixin,
+    ReadOnlyAdminMixin,
+    display_column,
+)
+from payments.models import (
+    ArchivedPartition,
+    ExecutionAttempt,
+    PaymentEvent,
+    RecurringEvent,
+)
+
+from .display import MAX_SEARCH_TERMS, payment_link
+
+
+class PaymentAuditAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The append-only tables beside a payment, newest first, searched by payment id."""
+
+    ordering = ("-id",)
+    search_fields = ("payment__id",)  # shows the box; get_search_results does the matching
+    search_help_text = "Exact payment id; several separated by spaces."
+    search_by = "payment_id"
+    payment_col = display_column("payment_id", payment_link, "payment", ordering="payment")
+
+    def get_search_results(self, request, queryset, search_term):
+        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        return (queryset.filter(**{f"{self.search_by}__in": terms}) if terms else queryset), False
+
+
+@admin.register(PaymentEvent)
+class PaymentEventAdmin(PaymentAuditAdmin):
+    """The audit trail on its own: who cancelled what, and when."""
+
+    list_display = ("id", "created_at", "payment_col", "kind", "from_status", "to_status", "attempt", "actor")
+    list_filter = ("kind",)
+
+
+@admin.register(ExecutionAttempt)
+class ExecutionAttemptAdmin(PaymentAuditAdmin):
+    list_display = ("id", "payment_col", "attempt", "outcome", "started_at", "finished_at", "worker")
+    list_filter = ("outcome",)
+
+
+@admin.register(RecurringEvent)
+class RecurringEventAdmin(PaymentAuditAdmin):
+    """A recurring payment's audit trail on its own, including the skipped occurrences."""
+
+    list_display = ("id", "created_at", "recurring", "kind", "actor")
+    list_filter = ("kind",)
+    search_fields = ("recurring__id",)
+    search_help_text = "Exact recurring payment id; several separated by spaces."
+    search_by = "recurring_id"
+
+
+@admin.register(ArchivedPartition)
+class ArchivedPartitionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The months of the schedule that left the database (payments/partitions.py): where
+    their files are, what they held, and the totals reconciliation checks the ledger
+    against. A payment id in one of these ranges answers 410 payment_archived."""
+
+    list_display = ("month", "payments", "executed_count", "executed_amount", "location", "archived_at")
+    fields = ("month", "id_low", "id_high", "payments", "executed_count", "executed_amount", "location",
+              "manifest", "archived_at")

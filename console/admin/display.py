@@ -1,0 +1,141 @@
+"""Cells, badges and links the console's lists and pages share, and the admin search's terms."""
+
+import re
+
+from django.db.models import Q
+from django.utils.html import format_html
+
+from common.admin_tools import (
+    badge,
+    change_url,
+)
+from console.admin_rails import payee_cell
+from ledger.models import Account
+from payments.models import (
+    PaymentStatus,
+    Payout,
+    PayoutState,
+    RecurringStatus,
+    ScheduledPayment,
+)
+from payments.selectors import (
+    payments_matching,
+)
+
+STATUS_TONES = {
+    PaymentStatus.SCHEDULED: "blue",
+    PaymentStatus.EXECUTING: "amber",
+    PaymentStatus.EXECUTED: "green",
+    PaymentStatus.FAILED: "red",
+    PaymentStatus.CANCELLED: "grey",
+    PaymentStatus.NEEDS_REVIEW: "purple",
+    RecurringStatus.ACTIVE: "green",
+    RecurringStatus.PAUSED: "amber",
+    RecurringStatus.ENDED: "grey",
+}
+
+# More search terms than this are ignored (each is an exact id, or a username or account
+# name prefix); the list says how many were taken.
+MAX_SEARCH_TERMS = 50
+# A name prefix ("a") may match many accounts: the search takes at most this many.
+MAX_PREFIX_ACCOUNTS = 200
+SEARCH_SEPARATORS = re.compile(r"[\s,]+")
+
+
+def status_badge(status: str):
+    return badge(status, STATUS_TONES.get(status, "grey"))
+
+
+def money(amount) -> str:
+    """An amount in minor units with thousands separators (1,234,567)."""
+    return f"{amount:,}" if isinstance(amount, int) else "-"
+
+
+def admin_link(obj, text=None):
+    """A link to ``obj``'s admin change page (ids as the API shows them)."""
+    return format_html('<a href="{}">{}</a>', change_url(type(obj), obj.pk), text if text is not None else obj.pk)
+
+
+def payment_link(payment_id: str):
+    url = change_url(ScheduledPayment, payment_id)
+    return format_html('<a href="{}">{}</a>', url, payment_id)
+
+
+def account_cell(account):
+    """The account's owner, linked to the account (its id on hover): the confirmation
+    pages stay narrow; the list and the detail page name the account too (party_cell)."""
+    owner = account.owner.username if account.owner_id else account.name
+    url = change_url(Account, account.pk)
+    return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, owner)
+
+
+def party_cell(account):
+    """Which of its owner's accounts: the account's name linked to it, the owner after it
+    ("Savings · alice"); a system account has no owner."""
+    url = change_url(Account, account.pk)
+    if not account.owner_id:
+        return format_html('<a href="{}" title="{}">{}</a>', url, account.pk, account.name)
+    return format_html(
+        '<a href="{}" title="{}">{}</a> <span class="dp-quiet">· {}</span>',
+        url, account.pk, account.name, account.owner.username,
+    )
+
+
+def to_cell(obj):
+    """Whom a payment (or recurring payment) pays: an account, or a payee through its rail."""
+    return party_cell(obj.to_account) if obj.to_payee_id is None else payee_cell(obj.to_payee)
+
+
+def to_detail(obj):
+    """The detail page's "to": the account with its id, or the payee with its rail and destination."""
+    if obj.to_payee_id is None:
+        return format_html("{} <span class=\"dp-mono\">{}</span>", party_cell(obj.to_account), obj.to_account_id)
+    return format_html("payout: {} <span class=\"dp-mono\">{}</span>", payee_cell(obj.to_payee), obj.to_payee_id)
+
+
+def from_detail(obj):
+    return format_html("{} <span class=\"dp-mono\">{}</span>", party_cell(obj.from_account), obj.from_account_id)
+
+
+def search_terms(search_term: str) -> tuple[list[str], int]:
+    """The terms of a search (separated by spaces or commas, as pasted from a sheet), at
+    most MAX_SEARCH_TERMS of them, and how many were given."""
+    terms = [t for t in SEARCH_SEPARATORS.split(search_term.strip()) if t]
+    return terms[:MAX_SEARCH_TERMS], len(terms)
+
+
+def accounts_by_prefix(terms: list[str]) -> tuple[list[str], bool]:
+    """Ids of the accounts a term names: by id, by a prefix of the owner's username (the
+    unique index on auth_user.username, varchar_pattern_ops copy, serves LIKE 'x%'), or
+    by a prefix of the account's name (no index: a read of the accounts table, bounded by
+    MAX_PREFIX_ACCOUNTS rows, never of the payments). True when more matched than taken."""
+    if not terms:
+        return [], False
+    by_name = Q()
+    for term in terms:
+        by_name |= Q(owner__username__startswith=term) | Q(name__istartswith=term)
+    exact = list(Account.objects.filter(pk__in=terms).values_list("pk", flat=True))
+    prefixed = list(
+        Account.objects.filter(by_name).order_by().values_list("pk", flat=True)[: MAX_PREFIX_ACCOUNTS + 1]
+    )
+    more = len(prefixed) > MAX_PREFIX_ACCOUNTS
+    return sorted({*exact, *prefixed[:MAX_PREFIX_ACCOUNTS]}), more
+
+
+def payment_admin_search_condition(*, terms: list[str]) -> tuple[Q, bool]:
+    """What the payment list's search matches (any term): a payment id, a recurring id
+    (its occurrences), an account id, or a prefix of an account's name or its owner's
+    username, either side. Accounts are resolved first so the payments are read through
+    the lookup table's account indexes; ids through its primary key, occurrences through
+    payments_recurring_idx (selectors.payments_matching)."""
+    account_ids, more = accounts_by_prefix(terms)
+    condition = payments_matching(ids=terms, account_ids=account_ids,
+                                  recurring_ids=[t for t in terms if t.startswith("rec_")])
+    return condition, more
+
+
+def reserved_payout_ids(payment_ids) -> set[str]:
+    """Which of these payments are payouts whose funds are reserved at their rail."""
+    return set(
+        Payout.objects.filter(payment_id__in=payment_ids, state=PayoutState.PENDING).values_list("pk", flat=True)
+    )

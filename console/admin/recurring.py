@@ -1,0 +1,275 @@
+"""Recurring payments: their occurrences and events inline, pause, resume and end."""
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from common.admin_tools import (
+    ActionPermissionAdminMixin,
+    ConfirmedAct,
+    ConfirmedActAdminMixin,
+    ConfirmRow,
+    LargeTableAdminMixin,
+    LatestRowsInlineFormSet,
+    ReadOnlyAdminMixin,
+    confirmed_action,
+    display_column,
+    has_model_permission,
+    object_view_url,
+    report,
+    utc_text,
+)
+from payments.exceptions import (
+    RecurringNotFound,
+    RecurringStateError,
+)
+from payments.models import (
+    PaymentStatus,
+    RecurringEvent,
+    RecurringPayment,
+    RecurringStatus,
+    ScheduledPayment,
+)
+from payments.selectors import (
+    recurring_search_condition,
+)
+from recurring.series import recurring_end, recurring_pause, recurring_resume
+
+from .display import admin_link, money, payment_link, status_badge
+from .payments import PayerToPayeeAdminMixin
+
+# One request pauses or resumes at most this many recurring payments.
+MAX_RECURRING_PER_ACTION = 500
+
+
+class OccurrenceInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = ScheduledPayment
+    fk_name = "recurring"
+    formset = LatestRowsInlineFormSet
+    verbose_name = "occurrence"
+    verbose_name_plural = (
+        f"occurrences (the latest {LatestRowsInlineFormSet.max_rows}; search the payments for the recurring id "
+        "to see them all)"
+    )
+    fields = ("payment_col", "occurrence_at", "execute_at", "amount", "status_col", "failure_reason")
+    readonly_fields = fields
+    ordering = ("-occurrence_at", "-id")
+    extra = 0
+    can_delete = False
+    payment_col = display_column("id", payment_link, "payment")
+    status_col = display_column("status", status_badge, "status")
+
+
+class RecurringEventInline(ReadOnlyAdminMixin, admin.TabularInline):
+    model = RecurringEvent
+    formset = LatestRowsInlineFormSet
+    verbose_name_plural = f"event history (the latest {LatestRowsInlineFormSet.max_rows}, newest first)"
+    fields = ("created_at", "kind", "actor", "actor_user", "data")
+    readonly_fields = fields
+    ordering = ("-id",)
+    extra = 0
+    can_delete = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("actor_user")
+
+
+def rule_text(obj) -> str:
+    rule = obj.interval or f"cron {obj.cron}"
+    return rule if obj.timezone == "UTC" else f"{rule} ({obj.timezone})"
+
+
+END_SERIES = ConfirmedAct(
+    name="end",
+    title="End the series",
+    explanation="No further occurrence is generated, for good (an ended series cannot be resumed), and its "
+    "scheduled occurrence that has not started is cancelled. Payments of the series that already executed or "
+    "failed are left as they are. The same as the API's DELETE of a recurring payment.",
+    permission="pause",
+)
+
+
+@admin.register(RecurringPayment)
+class RecurringPaymentAdmin(
+    ActionPermissionAdminMixin,
+    ConfirmedActAdminMixin,
+    PayerToPayeeAdminMixin,
+    LargeTableAdminMixin,
+    ReadOnlyAdminMixin,
+    admin.ModelAdmin,
+):
+    list_display = (
+        "id", "from_col", "to_col", "amount_col", "rule_col", "status_col", "next_due_col", "created_at_col"
+    )
+    list_filter = ("status",)
+    ordering = ("-created_at", "-id")
+    search_fields = ("id",)  # shows the box; get_search_results does the matching
+    search_help_text = (
+        "Exact recurring payment id, account id or account owner's username; several separated by spaces."
+    )
+    actions = ["pause_selected", "resume_selected", "end_selected"]
+    inlines = [OccurrenceInline, RecurringEventInline]
+    confirmed_acts = (END_SERIES,)
+    max_rows_per_act = MAX_RECURRING_PER_ACTION
+    end_selected = confirmed_action(
+        END_SERIES,
+        "End selected recurring payments for good (their scheduled occurrence is cancelled; asks for a reason)",
+    )
+    fieldsets = (
+        (
+            "Recurring payment",
+            {"fields": ("id", "status_col", "payer_col", "from_detail_col", "to_detail_col", "amount_col")},
+        ),
+        ("Rule", {"fields": ("start_at", "rule_col", "end_at", "count", "last_at")}),
+        ("State", {"fields": ("next_due_col", "next_occurrence_at_col", "last_occurrence_at", "version",
+                              "occurrences_col")}),
+        ("Record", {"fields": ("created_at", "updated_at")}),
+    )
+
+    next_occurrence_at_col = display_column(
+        "next_occurrence_at", utc_text, "occurrence after it (UTC; generated when the next payment falls due)"
+    )
+
+    @admin.display(description="next payment due (UTC)", ordering="next_occurrence_at")
+    def next_due_col(self, obj):
+        """When this series next pays: its scheduled occurrence while that one waits
+        (``last_occurrence_at`` ahead of now), else the next one to be generated. Nothing
+        while paused or ended."""
+        if obj.status != RecurringStatus.ACTIVE:
+            return "-"
+        if obj.last_occurrence_at is not None and obj.last_occurrence_at > timezone.now():
+            return utc_text(obj.last_occurrence_at)
+        return utc_text(obj.next_occurrence_at) if obj.next_occurrence_at else "-"
+    created_at_col = display_column("created_at", utc_text, "created (UTC)")
+
+    @admin.display(description="rule")
+    def rule_col(self, obj):
+        return rule_text(obj)
+
+    @admin.display(description="all occurrences")
+    def occurrences_col(self, obj):
+        url = reverse("admin:payments_scheduledpayment_changelist")
+        return format_html('<a href="{}?q={}">every payment of this series</a>', url, obj.pk)
+
+    search_condition = staticmethod(recurring_search_condition)
+
+    # --- pause / resume: the list actions and the detail page's buttons -------------
+
+    def has_pause_permission(self, request, obj=None) -> bool:
+        return has_model_permission(self, request, "pause")
+
+    @admin.action(description="Pause selected recurring payments (their scheduled occurrence is cancelled)",
+                  permissions=["pause"])
+    def pause_selected(self, request, queryset):
+        self.transition_selected(request, queryset, RecurringStatus.PAUSED)
+
+    @admin.action(description="Resume selected recurring payments (from now; missed occurrences are skipped)",
+                  permissions=["pause"])
+    def resume_selected(self, request, queryset):
+        self.transition_selected(request, queryset, RecurringStatus.ACTIVE)
+
+    def transition_selected(self, request, queryset, status: str) -> None:
+        refusal = f"Select at most {MAX_RECURRING_PER_ACTION} recurring payments; nothing changed."
+        ids = self.selected_ids(request, queryset, limit=MAX_RECURRING_PER_ACTION, refusal=refusal)
+        if ids is not None:
+            self.transition_and_report(request, ids, status)
+
+    def transition_and_report(self, request, recurring_ids: list[str], status: str) -> None:
+        """Pause or resume each through the service and say what happened to each."""
+        service, verb = (
+            (recurring_pause, "Paused") if status == RecurringStatus.PAUSED else (recurring_resume, "Resumed")
+        )
+        before = dict(RecurringPayment.objects.filter(pk__in=recurring_ids).values_list("pk", "status"))
+        changed, already, refused, missing = [], [], [], []
+        for recurring_id in recurring_ids:
+            try:
+                rec = service(recurring_id=recurring_id, actor=request.user)
+            except RecurringStateError as exc:
+                refused.append(f"{recurring_id} is {exc.status}")
+                continue
+            except RecurringNotFound:
+                missing.append(recurring_id)
+                continue
+            if before.get(recurring_id) == status:
+                already.append(recurring_id)
+            else:
+                changed.append(recurring_id)
+                self.log_change(request, rec, f"{verb} from the admin.")
+        report(request, messages.SUCCESS, verb, changed)
+        report(request, messages.INFO, f"Already {status}", already)
+        report(request, messages.WARNING, "Refused", refused)
+        report(request, messages.ERROR, "No such recurring payment", missing)
+
+    def get_urls(self):
+        return [
+            object_view_url(self, "pause", self.pause_view),
+            object_view_url(self, "resume", self.resume_view),
+            *super().get_urls(),
+        ]
+
+    def pause_view(self, request, object_id):
+        return self.transition_view(request, object_id, RecurringStatus.PAUSED)
+
+    def resume_view(self, request, object_id):
+        return self.transition_view(request, object_id, RecurringStatus.ACTIVE)
+
+    def transition_view(self, request, object_id, status: str):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_pause_permission(request):
+            raise PermissionDenied
+        self.transition_and_report(request, [unquote(object_id)], status)
+        return HttpResponseRedirect(reverse("admin:payments_recurringpayment_change", args=[object_id]))
+
+    # --- end: a confirmation page with a reason, then recurring_end -------------------------
+
+    def confirmation_rows(self, request, act: ConfirmedAct, object_ids: list[str]):
+        found = {r.pk: r for r in RecurringPayment.objects.filter(pk__in=object_ids)}
+        pending = dict(
+            ScheduledPayment.objects.filter(recurring_id__in=object_ids, status=PaymentStatus.SCHEDULED)
+            .values("recurring_id").annotate(n=Count("id")).values_list("recurring_id", "n")
+        )
+        rows = []
+        for recurring_id in sorted(object_ids, key=lambda pk: (pk not in found, pk)):
+            rec = found.get(recurring_id)
+            if rec is None:
+                rows.append(ConfirmRow([recurring_id, "-", "-", "-", "-"], left_alone="no such recurring payment"))
+                continue
+            rows.append(ConfirmRow(
+                [admin_link(rec), rule_text(rec), status_badge(rec.status), money(rec.amount),
+                 pending.get(rec.pk, 0)],
+                left_alone="already ENDED" if rec.status == RecurringStatus.ENDED and not pending.get(rec.pk) else "",
+            ))
+        return ["recurring payment", "rule", "status", "amount", "scheduled occurrence to cancel"], rows
+
+    def perform_act(self, request, act: ConfirmedAct, object_ids: list[str], form) -> bool:
+        reason = form.cleaned_data["reason"]
+        before = dict(RecurringPayment.objects.filter(pk__in=object_ids).values_list("pk", "status"))
+        ended, already, missing = [], [], []
+        for recurring_id in object_ids:
+            try:
+                rec = recurring_end(recurring_id=recurring_id, actor=request.user, reason=reason)
+            except RecurringNotFound:
+                missing.append(recurring_id)
+                continue
+            if before.get(recurring_id) == RecurringStatus.ENDED:
+                already.append(recurring_id)
+            else:
+                ended.append(recurring_id)
+                self.log_change(request, rec, f"Ended from the admin: {reason}")
+        report(request, messages.SUCCESS, "Ended", ended)
+        report(request, messages.INFO, "Already ENDED", already)
+        report(request, messages.ERROR, "No such recurring payment", missing)
+        return True
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        allowed = obj is not None and self.has_pause_permission(request, obj)
+        context["can_pause"] = allowed and obj.status == RecurringStatus.ACTIVE
+        context["can_resume"] = allowed and obj.status == RecurringStatus.PAUSED
+        context["can_end"] = allowed and obj.status != RecurringStatus.ENDED
+        return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
