@@ -437,3 +437,15 @@ class ConfirmedActAdminMixin:
             "has_view_permission": self.has_view_permission(request),
         }
         return TemplateResponse(request, self.confirm_template, context)
+
+
+class GivenValueFilter(admin.SimpleListFilter):
+    """A filter on one id given in the URL (as linked from another page): listing every
+    choice would not scale, so the choice is offered only once given. A subclass sets
+    ``title`` and ``parameter_name`` and filters in ``queryset``."""
+
+    def lookups(self, request, model_admin):
+        return [(self.value(), self.value())] if self.value() else []
+
+    def has_output(self) -> bool:
+        return bool(self.value())

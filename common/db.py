@@ -138,3 +138,20 @@ def delete_in_batches(statement: str, params: list, *, batch: int) -> int:
             deleted += cur.rowcount
             if cur.rowcount < batch:
                 return deleted
+
+
+def database_now(cur=None, *, clock: bool = False) -> datetime:
+    """The database's time, the only clock that decides what is due.
+
+    ``now()`` by default: the start of the current transaction, the instant every row the
+    transaction writes carries. With ``clock=True``, ``clock_timestamp()``: the instant of
+    the call, which moves on while a long transaction runs (a token bucket refills, a
+    cool-down ends). On ``cur`` when given (the caller's transaction), else on a cursor of
+    the default connection."""
+    statement = "SELECT clock_timestamp()" if clock else "SELECT now()"
+    if cur is not None:
+        cur.execute(statement)
+        return cur.fetchone()[0]
+    with connection.cursor() as own:
+        own.execute(statement)
+        return own.fetchone()[0]

@@ -26,6 +26,7 @@ from common.admin_tools import (
     ConfirmedAct,
     ConfirmedActAdminMixin,
     ConfirmRow,
+    GivenValueFilter,
     LargeTableAdminMixin,
     LatestRowsInlineFormSet,
     ReadOnlyAdminMixin,
@@ -566,19 +567,12 @@ class DepositRequestAdmin(
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
 
-class StaffActionAccountFilter(admin.SimpleListFilter):
+class StaffActionAccountFilter(GivenValueFilter):
     """The staff acts on one account (``?account=<id>``, as linked from the account's
-    page), newest first through ledger_staffaction_account_idx (account, id). Offered only
-    once given: listing every account here would not scale."""
+    page), newest first through ledger_staffaction_account_idx (account, id)."""
 
     title = "account"
     parameter_name = "account"
-
-    def lookups(self, request, model_admin):
-        return [(self.value(), self.value())] if self.value() else []
-
-    def has_output(self) -> bool:
-        return bool(self.value())
 
     def queryset(self, request, queryset):
         return queryset.filter(account_id=self.value()) if self.value() else queryset

@@ -16,7 +16,7 @@ from django.db.models import Sum
 from django.db.models.functions import Now
 
 from common.authz import ConflictOfInterest
-from common.db import bound_cursor
+from common.db import bound_cursor, database_now
 from common.ids import new_id
 
 from . import sql
@@ -104,8 +104,7 @@ def _decide(cur, postings: Sequence[Posting], *, lock: bool):
 
     cur.execute(sql.TRANSFER_TIMES, [keys])
     existing: dict[str, datetime] = dict(cur.fetchall())
-    cur.execute(sql.DB_NOW)
-    now = cur.fetchone()[0]
+    now = database_now(cur)
 
     results: dict[str, PostResult] = {}
     applied = PostResult(Outcome.APPLIED, now)  # immutable: one instance for the batch

@@ -24,9 +24,6 @@ LOCK_ACCOUNTS = READ_ACCOUNTS + "   FOR NO KEY UPDATE OF a\n"
 # The transfers already recorded under some keys, with when they were posted; %s: keys.
 TRANSFER_TIMES = "SELECT key, created_at FROM ledger_transfer WHERE key = ANY(%s)"
 
-# The transaction's clock (now() is the transaction's start, the same for every row).
-DB_NOW = "SELECT now()"
-
 # A batch's new transfers in one statement; %s: keys, debit ids, credit ids, amounts.
 INSERT_TRANSFERS = """
 INSERT INTO ledger_transfer (key, debit_account_id, credit_account_id, amount, created_at)

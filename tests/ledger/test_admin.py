@@ -429,6 +429,22 @@ def test_requests_and_staff_actions_are_read_only(pending, superuser):
     assert [a.pk for a in listed(found)] == [action.pk]
 
 
+def test_staff_actions_filter_by_the_account_given_in_the_url_and_offer_no_list_otherwise(treasurer):
+    first, second = funded_account(balance=5), funded_account(balance=5)
+    client = admin_client_for(treasurer)
+    for account in (first, second):
+        confirm(client, ACCOUNTS, {"action": "freeze_selected", "_selected_action": [account.pk]}, reason="fraud")
+    changelist = reverse("admin:ledger_staffaction_changelist")
+    page = client.get(changelist, {"account": first.pk})
+    assert [a.account_id for a in listed(page)] == [first.pk]
+    specs = {spec.parameter_name: spec for spec in page.context["cl"].filter_specs if hasattr(spec, "parameter_name")}
+    assert specs["account"].has_output()  # the given account is offered as the choice
+    unfiltered = client.get(changelist)
+    assert {a.account_id for a in listed(unfiltered)} == {first.pk, second.pk}
+    specs = {s.parameter_name: s for s in unfiltered.context["cl"].filter_specs if hasattr(s, "parameter_name")}
+    assert "account" not in specs  # no list of every account: the filter shows only once given
+
+
 # --- transfers ---------------------------------------------------------------------------
 
 
