@@ -26,7 +26,7 @@ from api.throttling import CreateThrottle
 from payments.models import RecurringPayment
 from payments.rules import MAX_COUNT, MAX_CRON_COUNT
 from payments.selectors import recurring_authorize, recurring_get, recurring_list, recurring_occurrences
-from recurring.series import recurring_create, recurring_end, recurring_pause, recurring_resume, recurring_update
+from recurring.services import recurring_create, recurring_end, recurring_pause, recurring_resume, recurring_update
 
 
 def recurring_body(rec: RecurringPayment, *, user, page_request=None) -> dict:

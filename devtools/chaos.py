@@ -45,6 +45,7 @@ from django.contrib.auth.hashers import make_password
 from django.core.management import call_command
 from django.db import InterfaceError, OperationalError, connection, connections, transaction
 
+from common.db import database_now
 from common.ids import new_id
 from devtools.chaos_replica import ReplicaRun, describe_replica, replica_ok
 from devtools.gateway import SandboxGateway, free_port
@@ -56,7 +57,7 @@ from ledger.services import Posting, ledger_post_batch
 from payments.exceptions import PaymentNotCancellable, PayoutOutcomeUnknown
 from payments.models import Payee, PaymentEvent, PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
-from payments.services import db_now, payment_cancel
+from payments.services import payment_cancel
 from payments.tasks import execute_batch
 from payouts.settlement import reconcile_settlement
 from payouts.tasks import execute_payouts
@@ -397,7 +398,7 @@ def build_workload(options: Options, *, lead_seconds: float, webhook_url: str | 
             postings=[Posting(new_id("dep"), "acc_issuance", a, amount) for a, amount in deposits.items() if amount]
         )
 
-    start = db_now() + timedelta(seconds=lead_seconds)
+    start = database_now() + timedelta(seconds=lead_seconds)
     first_due = time.time() + lead_seconds
     payments: dict[str, tuple[str, str, int]] = {}
     payout_ids: set[str] = set()
@@ -587,7 +588,7 @@ class Injector:
 
     def _db_clock(self):
         try:
-            return db_retry(db_now, timeout=5)
+            return db_retry(database_now, timeout=5)
         except DB_ERRORS:
             # PostgreSQL is restarting too: its clock is this machine's (a private local cluster).
             return datetime.now(UTC)

@@ -20,21 +20,15 @@ import math
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
+from common.db import database_now
 from ledger.services import clean_reason
 
 from .models import BreakerState, RailState
 
 logger = logging.getLogger(__name__)
 
-
-def db_now() -> datetime:
-    """The database's wall clock, not its transaction's (now()): a bucket refills and a
-    cool-down ends while a long transaction runs."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT clock_timestamp()")
-        return cur.fetchone()[0]
 
 BURST_SECONDS = 1.25
 
@@ -65,7 +59,7 @@ def take_allowance(*, rail: str, want: int) -> tuple[RailState, int]:
     breaker whose cool-down is over to HALF_OPEN, and say how many of ``want`` payouts
     may be claimed now. The caller then claims and calls ``spend``."""
     state = _locked_state(rail)
-    now = db_now()
+    now = database_now(clock=True)
     rate = settings.DELAYPAY_RAIL_RATE_LIMIT
     elapsed = max((now - state.refilled_at).total_seconds(), 0.0)
     state.tokens = min(rate * BURST_SECONDS, state.tokens + rate * elapsed)
@@ -104,7 +98,7 @@ def record_calls(*, rail: str, answered: list[bool]) -> str:
         return ""
     with transaction.atomic():
         state = _locked_state(rail)
-        now = db_now()
+        now = database_now(clock=True)
         if (now - state.window_started_at).total_seconds() > settings.DELAYPAY_RAIL_BREAKER_WINDOW_SECONDS:
             state.window_started_at, state.window_calls, state.window_failures = now, 0, 0
         failures = answered.count(False)
@@ -133,7 +127,7 @@ def breaker_force(*, rail: str, forced: str, actor, reason: str) -> RailState:
     reason = clean_reason(reason)
     with transaction.atomic():
         state = _locked_state(rail)
-        now = db_now()
+        now = database_now(clock=True)
         if not forced:
             _set(state, BreakerState.CLOSED, now)
         state.forced, state.forced_by, state.forced_reason = forced, getattr(actor, "username", str(actor)), reason

@@ -25,7 +25,6 @@ and step 4 is skipped). See docs/decisions/0002-forecast-then-lock.md.
 import json
 import logging
 import os
-import random
 import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -33,7 +32,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection, transaction
 
-from common.db import bound_cursor, delete_in_batches
+from common.backoff import PAYMENT_RETRY
+from common.db import bound_cursor, database_now, delete_in_batches
 from ledger.selectors import transfer_times
 from ledger.services import Outcome, Posting, PostResult, ledger_post_batch, ledger_preview_batch
 
@@ -170,7 +170,7 @@ def _execute_batch(*, pairs: list[Pair], worker: str | None, forecast: bool) -> 
     if not pairs:
         return result
     with transaction.atomic(), bound_cursor() as cur:
-        started_at = _db_now(cur)
+        started_at = database_now(cur)
         locked, result.stale = lock_fenced(cur, pairs)
         ending = ending_reasons(locked)
         postings = [p.posting() for p in locked if p.id not in ending]
@@ -187,11 +187,6 @@ def _execute_batch(*, pairs: list[Pair], worker: str | None, forecast: bool) -> 
     if result.stale:
         logger.info("stale attempts rejected: %s", result.stale)
     return result
-
-
-def _db_now(cur) -> datetime:
-    cur.execute(sql.DB_NOW)
-    return cur.fetchone()[0]
 
 
 def lock_fenced(cur, pairs: list[Pair]) -> tuple[list[LockedPayment], list[Pair]]:
@@ -321,14 +316,6 @@ def purge_start_markers(*, batch: int = 50_000) -> int:
     return delete_in_batches(sql.PURGE_START_MARKERS, [batch], batch=batch)
 
 
-def retry_delay_seconds(tries: int) -> float:
-    """How long a payment waits before its next try, after its ``tries``-th try errored:
-    the ladder's step (DELAYPAY_RETRY_DELAYS) with full jitter, uniform in [0, step]."""
-    ladder = settings.DELAYPAY_RETRY_DELAYS
-    step = ladder[min(max(tries, 1), len(ladder)) - 1]
-    return random.uniform(0, step)
-
-
 def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchResult:
     """Record an unexpected error for one payment after its own apply failed.
 
@@ -341,7 +328,7 @@ def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchR
     result = BatchResult()
     error = error[:2000]
     with transaction.atomic(), connection.cursor() as cur:
-        started_at = _db_now(cur)
+        started_at = database_now(cur)
         locked, result.stale = lock_fenced(cur, [pair])
         if not locked:
             return result
@@ -354,7 +341,7 @@ def record_error(*, pair: Pair, error: str, worker: str | None = None) -> BatchR
             decision = park(payment, outcome=ExecutionAttempt.Outcome.ERROR, error=error)
         else:
             decision = Decision(payment, PaymentStatus.SCHEDULED, ExecutionAttempt.Outcome.ERROR, error=error,
-                                next_attempt_at=started_at + timedelta(seconds=retry_delay_seconds(payment.tries)))
+                                next_attempt_at=started_at + timedelta(seconds=PAYMENT_RETRY.delay(payment.tries)))
         write_outcomes(cur, [decision], started_at=started_at, worker=worker)
     result.add(decision)
     return result

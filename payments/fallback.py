@@ -12,7 +12,7 @@ once a tick (``DELAYPAY_TICK_SECONDS``):
 * no beat tick and Redis does not answer: take the fleet-wide PostgreSQL advisory lock
   (one promoter executes at a time; the others keep looking) and run up to
   ``DELAYPAY_FALLBACK_BATCHES_PER_TICK`` degraded ticks: the normal claim, executed here
-  in-process (``promoter_run_tick(degraded=True)``) with the heartbeat, metrics and log
+  in-process (``run_tick(degraded=True)``) with the heartbeat, metrics and log
   lines of any tick. Slower than the worker fleet, but on time.
 
 Degraded mode ends when a beat tick runs in this process again, that is when normal
@@ -169,7 +169,7 @@ class Fallback:
                 "executes due payments from the database", silent, extra={"seconds_without_tick": round(silent, 1)},
             )
         for _ in range(self.batches_per_tick):
-            result = promoter.promoter_run_tick(degraded=True)
+            result = promoter.run_tick(degraded=True)
             metrics.record_degraded(active=True, executed=result.executed_in_process)
             # Fewer than a whole batch: nothing more is due (or the in-flight cap is near).
             if result.claimed < settings.DELAYPAY_CLAIM_BATCH or result.capped or self._stop.is_set():

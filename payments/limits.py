@@ -35,6 +35,7 @@ from croniter import croniter
 from django.conf import settings
 from django.db import connection
 
+from common.db import database_now
 from ledger.models import Account
 
 from . import sql
@@ -158,7 +159,7 @@ def admit_series(
                                                           last_at))
         if replacing is not None:
             current = RecurringPayment.objects.get(pk=replacing)
-            if requested <= current.amount * series_daily_peak(rule_of(current)):
+            if requested <= current.amount * series_daily_peak(current.rule):
                 return  # the series takes out no more in a day than it already may
     lock_payer(payer.pk)
     if counting:
@@ -225,9 +226,7 @@ def utc_day(moment: datetime) -> date:
 
 
 def _start_of_today() -> datetime:
-    with connection.cursor() as cur:
-        cur.execute(sql.DB_NOW)
-        now = cur.fetchone()[0]
+    now = database_now()
     return datetime.combine(utc_day(now), time(), tzinfo=UTC)
 
 
@@ -294,11 +293,7 @@ def series_reserved(*, payer_id: int, excluding: str | None = None) -> int:
     """What the payer's active and paused series may take out in one UTC day, each at
     its busiest."""
     series = RecurringPayment.objects.filter(payer_id=payer_id, status__in=RESERVING).exclude(pk=excluding or "")
-    return sum(rec.amount * series_daily_peak(rule_of(rec)) for rec in series)
-
-
-def rule_of(rec: RecurringPayment) -> Rule:
-    return Rule(start_at=rec.start_at, interval=rec.interval, cron=rec.cron, timezone=rec.timezone, end_at=rec.last_at)
+    return sum(rec.amount * series_daily_peak(rec.rule) for rec in series)
 
 
 @lru_cache(maxsize=4096)
@@ -389,7 +384,7 @@ def payer_usages(users) -> list[Usage]:
     reserved: Counter[int] = Counter()
     for rec in RecurringPayment.objects.filter(payer_id__in=ids, status__in=RESERVING):
         series_count[rec.payer_id] += 1
-        reserved[rec.payer_id] += rec.amount * series_daily_peak(rule_of(rec))
+        reserved[rec.payer_id] += rec.amount * series_daily_peak(rec.rule)
     usages = []
     for user in users:
         days = by_day.get(user.pk, {})

@@ -23,6 +23,8 @@ import logging
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from rails.base import RAIL_NAMES
+
 from .execution import BatchResult
 
 logger = logging.getLogger(__name__)
@@ -109,9 +111,10 @@ rail_call_seconds = Histogram(
 # before the first failure or refusal, in every process.
 for _reason in ("lock_timeout", "deadlock", "serialization", "timeout", "database", "rule", "error"):
     recurring_generation_failures_total.labels(reason=_reason)
-for _call in ("submit", "lookup"):
-    for _outcome in ("paid", "declined", "not_found", "unknown"):
-        rail_calls_total.labels(rail="sandbox", call=_call, outcome=_outcome)
+for _rail in RAIL_NAMES:
+    for _call in ("submit", "lookup"):
+        for _outcome in ("paid", "declined", "not_found", "unknown"):
+            rail_calls_total.labels(rail=_rail, call=_call, outcome=_outcome)
 for _code in ("limit_pending_payments", "limit_active_series", "limit_daily_outflow", "system_account"):
     limit_refusals_total.labels(limit=_code)
 

@@ -4,12 +4,17 @@ Status moves forward only (ALLOWED_TRANSITIONS documents it; a trigger installed
 migration 0002 enforces it, and every transition in the code is a conditional UPDATE).
 """
 
+from datetime import datetime
+
 from django.conf import settings
 from django.contrib.postgres.indexes import BrinIndex
 from django.db import models
 from django.db.models.functions import Now
 
 from common.ids import new_id
+from rails.base import RAIL_NAMES
+
+from .rules import Rule
 
 
 def new_payment_id() -> str:
@@ -402,6 +407,21 @@ class RecurringPayment(models.Model):
     def __str__(self) -> str:
         return self.id
 
+    @property
+    def rule(self) -> Rule:
+        """The series' rule as it generates: what the series, its limits and its forecasts
+        all read."""
+        return series_rule(self.start_at, self.interval, self.cron, self.timezone, self.last_at)
+
+
+def series_rule(start_at: datetime, interval: str, cron: str, timezone: str, end_at: datetime | None) -> Rule:
+    """A stored series' rule: no two occurrences closer than DELAYPAY_MIN_RECURRING_INTERVAL
+    (payments/rules.py, ``min_gap``)."""
+    return Rule(
+        start_at=start_at, interval=interval, cron=cron, timezone=timezone, end_at=end_at,
+        min_gap=settings.DELAYPAY_MIN_RECURRING_INTERVAL,
+    )
+
 
 class RecurringEvent(models.Model):
     """Append-only audit of a recurring payment's changes, including skipped occurrences."""
@@ -640,8 +660,10 @@ class Heartbeat(models.Model):
 # --- Payouts: money that leaves the ledger through a payment rail (docs/reference/payouts.md)
 
 
-class Rail(models.TextChoices):
-    SANDBOX = "sandbox"  # the sandbox gateway shipped with the project (the Procfile's ``gateway``)
+# The rails a payee may use: rails/base.py's RAIL_NAMES, the one list (a rail is added
+# there and in rails/registry.py; the CHECK below then needs a migration, which
+# makemigrations writes). "sandbox" is the sandbox gateway shipped with the project.
+Rail = models.TextChoices("Rail", [(name.upper(), name) for name in RAIL_NAMES])
 
 
 def new_payee_id() -> str:

@@ -370,20 +370,20 @@ def execute_in_process(pairs: list[Pair]) -> None:
     run_batch([tuple(p) for p in pairs], worker=f"promoter:{worker_name()}")
 
 
-def promoter_run_tick(*, degraded: bool = False, shard: Shard = Shard.ALL) -> "TickResult":
+def run_tick(*, degraded: bool = False, shard: Shard = Shard.ALL) -> "TickResult":
     """One beat tick (the promoter_tick task): generate due recurring occurrences, claim
     due payments and publish them, then record the heartbeat, metrics and log lines.
     ``degraded``: a tick of the fallback while Redis is down (payments/fallback.py).
     ``shard``: the tick's claim shard (DELAYPAY_CLAIM_SHARDS); recurring generation and
     payouts are the first shard's work."""
     if shard.first:
-        # recurring/series.py's recurring_generate_due, registered by recurring/apps.py.
+        # recurring/services.py's recurring_generate_due, registered by recurring/apps.py.
         # Never raises: in bounded batches, a series that cannot be generated now (a lock
         # timeout, a deadlock, bad data) is rolled back alone, logged, counted and tried
         # again next tick, and the claim below goes ahead.
         for hook in FIRST_SHARD_HOOKS:
             hook()
-    result = promoter_tick(degraded=degraded, shard=shard)
+    result = claim_and_publish(degraded=degraded, shard=shard)
     services.heartbeat_record(name=Heartbeat.PROMOTER)
     if shard.sharded:
         services.heartbeat_record(name=Heartbeat.shard_name(shard.index))
@@ -418,7 +418,7 @@ def promoter_run_tick(*, degraded: bool = False, shard: Shard = Shard.ALL) -> "T
     return result
 
 
-def promoter_tick(
+def claim_and_publish(
     *,
     publish: Callable[[Sequence[list[Pair]]], None] = publish_messages,
     execute_in_process: Callable[[list[Pair]], None] = execute_in_process,

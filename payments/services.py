@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from common.authz import ConflictOfInterest
+from common.db import database_now
 from ledger.models import Account, StaffAction
 from ledger.services import clean_reason, staff_action_record
 
@@ -42,13 +43,6 @@ def actor_label(user) -> str:
     return f"user:{user.pk}" if user is not None else "system"
 
 
-def db_now() -> datetime:
-    """The database clock: the only clock that decides what is due."""
-    with connection.cursor() as cur:
-        cur.execute(sql.DB_NOW)
-        return cur.fetchone()[0]
-
-
 def _check_amount(amount, errors: dict[str, list[str]]) -> None:
     if type(amount) is not int or not 1 <= amount <= settings.DELAYPAY_MAX_AMOUNT:
         errors.setdefault("amount", []).append(f"Must be an integer between 1 and {settings.DELAYPAY_MAX_AMOUNT}.")
@@ -59,7 +53,7 @@ def _check_execute_at(execute_at: datetime, errors: dict[str, list[str]], *, fie
     if execute_at.tzinfo is None:
         errors.setdefault(field, []).append("Must carry an explicit UTC offset.")
         return
-    now = db_now()
+    now = database_now()
     if execute_at <= now:
         errors.setdefault(field, []).append("Must be in the future.")
     elif execute_at > now + timedelta(days=settings.DELAYPAY_MAX_SCHEDULE_DAYS):
@@ -127,6 +121,24 @@ def check_payee(*, payer, to_payee_id: str, errors: dict[str, list[str]]) -> str
         errors.setdefault("to_payee", []).append("No such payee of yours.")
         return ""
     return rail
+
+
+def check_destination(
+    *, payer, from_account_id: str, to_account_id: str | None, to_payee_id: str | None, errors: dict[str, list[str]]
+) -> str:
+    """Where a payment or a series pays: exactly one of an account (both accounts checked)
+    or a payee of the payer's (the source account checked, the payee locked to the end of
+    the caller's transaction). Returns the payee's rail, "" for an account."""
+    if to_account_id is None and to_payee_id is None:
+        errors.setdefault("to_account", []).append("Required: give to_account (an account) or to_payee (a payee).")
+    elif to_account_id is not None and to_payee_id is not None:
+        errors.setdefault("to_payee", []).append("Give to_account or to_payee, not both.")
+    elif to_payee_id is not None:
+        check_source(payer=payer, source=Account.objects.filter(pk=from_account_id).first(), errors=errors)
+        return check_payee(payer=payer, to_payee_id=to_payee_id, errors=errors)
+    else:
+        check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
+    return ""
 
 
 def check_source(*, payer, source: Account | None, errors: dict[str, list[str]]) -> None:
@@ -215,17 +227,11 @@ def payment_schedule(
         errors.setdefault("jitter_seconds", []).append(f"Must be an integer between 0 and {MAX_JITTER_SECONDS}.")
     if expires_after is not None and not timedelta(seconds=1) <= expires_after <= MAX_EXPIRES_AFTER:
         errors.setdefault("expires_after", []).append("Must be between 1 second and 365 days.")
-    rail = ""
     with transaction.atomic():
-        if to_account_id is None and to_payee_id is None:
-            errors.setdefault("to_account", []).append("Required: give to_account (an account) or to_payee (a payee).")
-        elif to_account_id is not None and to_payee_id is not None:
-            errors.setdefault("to_payee", []).append("Give to_account or to_payee, not both.")
-        elif to_payee_id is not None:
-            check_source(payer=payer, source=Account.objects.filter(pk=from_account_id).first(), errors=errors)
-            rail = check_payee(payer=payer, to_payee_id=to_payee_id, errors=errors)
-        else:
-            check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
+        rail = check_destination(
+            payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, to_payee_id=to_payee_id,
+            errors=errors,
+        )
         _check_execute_at(execute_at, errors)
         if errors:
             raise PaymentValidationError(errors)

@@ -471,10 +471,6 @@ RETURNING p.attempt, old.review_reason
 """
 
 
-# The database clock: the only clock that decides what is due.
-DB_NOW = "SELECT now()"
-
-
 # One statement: lock the row, capture the old values, and compare-and-set the new ones
 # (status still SCHEDULED, version as expected). Zero rows is a result to classify.
 UPDATE_SCHEDULED = """

@@ -7,22 +7,17 @@ schedule. The only countdowns here are a few seconds of retry backoff.
 """
 
 import logging
-import random
 
 from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections
 
+from common.backoff import TASK_RETRY
 from payments import execution, metrics, partitions, promoter, reconciliation
 
 from .worker import TRANSIENT_ERRORS, run_batch
 
 logger = logging.getLogger(__name__)
-
-
-def backoff_with_jitter(retries: int, base: float = 0.5, cap: float = 10.0) -> float:
-    """Full-jitter exponential backoff (AWS architecture blog): uniform in [0, min(cap, base*2^n)]."""
-    return random.uniform(0, min(cap, base * 2**retries))
 
 
 @shared_task(name="payments.tasks.promoter_tick", ignore_result=True, acks_late=False)
@@ -31,7 +26,7 @@ def promoter_tick(shard: int = 0, shards: int = 1) -> dict:
     (beat sends this every second, once per claim shard: DELAYPAY_CLAIM_SHARDS). The
     message names its shard and the shard count, so every promoter agrees on what it
     claims whatever its own settings say."""
-    result = promoter.promoter_run_tick(shard=promoter.Shard(int(shard), int(shards)))
+    result = promoter.run_tick(shard=promoter.Shard(int(shard), int(shards)))
     return {"claimed": result.claimed, "reclaimed": result.reclaimed}
 
 
@@ -69,7 +64,7 @@ def run_claimed(task, pairs: list[list], run) -> dict:
                 "error": type(exc).__name__, "error_detail": str(exc)[:500],
             })
             return {"gave_up": len(pairs)}
-        raise task.retry(exc=exc, countdown=backoff_with_jitter(task.request.retries)) from exc
+        raise task.retry(exc=exc, countdown=TASK_RETRY.delay(task.request.retries + 1)) from exc
     return {
         "executed": len(result.executed),
         "already_applied": len(result.already_applied),

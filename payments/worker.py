@@ -5,12 +5,13 @@ when it cannot publish (Redis down) and executes a claim in-process.
 """
 
 import logging
-import random
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError
+
+from common.backoff import LOCK_CONFLICT
 
 from . import execution, metrics
 from .execution import BatchResult, Pair
@@ -55,7 +56,7 @@ def retry_conflicts(apply: Callable[[], T], *, attempts: int = CONFLICT_RETRIES)
             logger.warning("batch hit a lock conflict; applying it again", extra={
                 "error": type(exc.__cause__ or exc).__name__, "retry": n + 1,
             })
-            time.sleep(random.uniform(0, 0.02 * 2**n))
+            time.sleep(LOCK_CONFLICT.delay(n + 1))
     raise AssertionError("unreachable")
 
 

@@ -23,7 +23,6 @@ Then the rail's breaker records the round (payments/breaker.py).
 """
 
 import logging
-import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
+from common.backoff import RAIL_FOLLOW_UP
+from common.db import database_now
 from ledger.services import Reservation, ledger_reserve_batch, ledger_resolve_pending
 from payments import breaker, metrics
 from payments.execution import (
@@ -39,7 +40,6 @@ from payments.execution import (
     Decision,
     LockedPayment,
     Pair,
-    _db_now,
     fence_params,
     mark_started,
     record_stale,
@@ -116,7 +116,7 @@ def prepare(pairs: list[Pair], *, worker: str) -> tuple[list[Work], BatchResult]
     result = BatchResult()
     works: list[Work] = []
     with transaction.atomic(), connection.cursor() as cur:
-        started_at = _db_now(cur)
+        started_at = database_now(cur)
         locked, extra, result.stale = _lock(cur, pairs)
         decisions: list[Decision] = []
         new: list[LockedPayment] = []
@@ -213,14 +213,6 @@ def call_rails(works: list[Work]) -> list[Answer]:
     return list(_executor().map(call_one, works))
 
 
-def follow_up_delay(tries: int) -> float:
-    """The wait before the lookup that follows an ambiguous answer, after the ``tries``-th
-    try: the step of DELAYPAY_RAIL_FOLLOWUP_DELAYS, with full jitter in [step/2, step]."""
-    ladder = settings.DELAYPAY_RAIL_FOLLOWUP_DELAYS
-    step = ladder[min(max(tries, 1), len(ladder)) - 1]
-    return random.uniform(step / 2, step)
-
-
 def finish(answers: list[Answer], *, worker: str) -> BatchResult:
     """Step 3 (one transaction): post, void or follow up each payout still fenced at its
     attempt; an attempt superseded meanwhile changes nothing (its successor looks up)."""
@@ -228,7 +220,7 @@ def finish(answers: list[Answer], *, worker: str) -> BatchResult:
     by_id = {a.work.payment.id: a for a in answers}
     pairs = [(a.work.payment.id, a.work.payment.attempt) for a in answers]
     with transaction.atomic(), connection.cursor() as cur:
-        started_at = _db_now(cur)
+        started_at = database_now(cur)
         locked, _extra, result.stale = _lock(cur, pairs)
         live = [by_id[p.id] for p in locked]
         paid = [a for a in live if isinstance(a.result, Paid)]
@@ -256,7 +248,7 @@ def finish(answers: list[Answer], *, worker: str) -> BatchResult:
         if follow:
             cur.execute(sql.PAYOUT_FOLLOW_UP, {
                 "ids": [a.work.payment.id for a in follow], "attempts": [a.work.payment.attempt for a in follow],
-                "delays": [follow_up_delay(a.work.payment.tries) for a in follow],
+                "delays": [RAIL_FOLLOW_UP.delay(a.work.payment.tries) for a in follow],
                 "errors": [a.result.error[:2000] for a in follow], "started_at": started_at, "worker": worker,
                 "unsent": [not a.result.sent for a in follow],
                 "actor": f"worker:{worker}",

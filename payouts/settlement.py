@@ -27,7 +27,7 @@ from django.db import connection, transaction
 from payments import services, sql_reconcile
 from payments.models import Heartbeat, PaymentStatus, Payout, PayoutState, ScheduledPayment
 from payments.selectors import SETTLEMENT_MISMATCH_KINDS as KINDS
-from rails.base import RAIL_NAMES, RailUnavailable, SettlementRow
+from rails.base import RAIL_NAMES, SettlementReportUnavailable, SettlementRow
 from rails.registry import get_rail
 
 logger = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ def _compare(found: _Found, row: SettlementRow, ours: _Ours) -> bool:
 
 def reconcile_settlement(*, rail: str, day: date, sample_limit: int = 20) -> SettlementReport:
     """Match ``rail``'s settlement report of ``day`` (UTC) against our payouts, record the
-    heartbeats (``record``), log what differs; raises ``RailUnavailable``."""
+    heartbeats (``record``), log what differs; raises ``SettlementReportUnavailable``."""
     started = time.monotonic()
     rows = get_rail(rail).settlement_report(day=day)  # outside any transaction: a network call
     by_key: dict[str, list[SettlementRow]] = {}
@@ -215,16 +215,16 @@ def record(report: SettlementReport) -> None:
 def reconcile_settlement_all(*, day: date, sample_limit: int = 10) -> list[SettlementReport]:
     """Reconcile every rail's settlement of ``day`` (the daily task). Each rail that answers
     is reconciled and recorded even when another does not; then, if any did not, raises
-    ``RailUnavailable`` naming them (the task retries)."""
+    ``SettlementReportUnavailable`` naming them (the task retries)."""
     reports, unavailable = [], []
     for rail in RAIL_NAMES:
         try:
             reports.append(reconcile_settlement(rail=rail, day=day, sample_limit=sample_limit))
-        except RailUnavailable as exc:
+        except SettlementReportUnavailable as exc:
             logger.error("settlement of %s on %s not checked: the rail is unavailable (%s)", rail, day, exc)
             unavailable.append(f"{rail}: {exc}")
     if unavailable:
-        raise RailUnavailable("; ".join(unavailable))
+        raise SettlementReportUnavailable("; ".join(unavailable))
     return reports
 
 

@@ -7,7 +7,7 @@ from celery import shared_task
 
 from payments import promoter
 from payments.tasks import CLAIMED_BATCH, run_claimed
-from rails.base import RailUnavailable
+from rails.base import SettlementReportUnavailable
 
 from . import executor, settlement
 
@@ -27,6 +27,6 @@ def reconcile_settlement_daily(self, day: str | None = None) -> dict:
     target = date.fromisoformat(day) if day else settlement.yesterday_utc()
     try:
         reports = settlement.reconcile_settlement_all(day=target)
-    except RailUnavailable as exc:
+    except SettlementReportUnavailable as exc:
         raise self.retry(exc=exc, countdown=600, kwargs={"day": target.isoformat()}) from exc
     return {"day": target.isoformat(), "mismatches": sum(r.mismatches for r in reports)}

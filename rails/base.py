@@ -1,7 +1,7 @@
 """The rail interface: what a payout executor may ask a payment gateway, and what it answers.
 
 A rail is called outside any database transaction. Its answers are values, never
-exceptions (``settlement_report`` excepted: it raises ``RailUnavailable``):
+exceptions (``settlement_report`` excepted: it raises ``SettlementReportUnavailable``):
 
 * ``Paid`` - the gateway holds a payout for this key;
 * ``Declined`` - definite: no payout exists for this key and none ever will;
@@ -49,7 +49,7 @@ class SettlementRow:
     paid_at: datetime
 
 
-class RailUnavailable(Exception):
+class SettlementReportUnavailable(Exception):
     """The rail could not answer (a settlement report that failed or made no sense)."""
 
 
@@ -57,7 +57,7 @@ SubmitOutcome = Paid | Declined | Unknown
 LookupOutcome = Paid | Declined | NotFound | Unknown
 
 
-class Rail(Protocol):
+class RailClient(Protocol):
     name: str
 
     def submit(self, *, key: str, amount: int, destination: str, metadata: dict | None = None) -> SubmitOutcome:
@@ -69,7 +69,7 @@ class Rail(Protocol):
         ...
 
     def settlement_report(self, *, day: date) -> list[SettlementRow]:
-        """Every payout the gateway paid on ``day`` (UTC); raises ``RailUnavailable``."""
+        """Every payout the gateway paid on ``day`` (UTC); raises ``SettlementReportUnavailable``."""
         ...
 
 

@@ -13,7 +13,7 @@ loopback) or ``allow_any_host`` (DEBUG), the URL must be ``https://`` and every 
 its host resolves to, at every new connection, must be outside the IANA special-purpose
 registries; the socket connects to the address that was checked. A refused rail opens no
 socket: each call answers ``Unknown(sent=False)`` with the reason, as if the gateway were
-unreachable, and the settlement report raises ``RailUnavailable``.
+unreachable, and the settlement report raises ``SettlementReportUnavailable``.
 """
 
 import csv
@@ -26,7 +26,16 @@ import httpcore
 import httpx
 
 from . import addresses
-from .base import Declined, LookupOutcome, NotFound, Paid, RailUnavailable, SettlementRow, SubmitOutcome, Unknown
+from .base import (
+    Declined,
+    LookupOutcome,
+    NotFound,
+    Paid,
+    SettlementReportUnavailable,
+    SettlementRow,
+    SubmitOutcome,
+    Unknown,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -284,15 +293,15 @@ class HttpRail:
             return self._unknown("lookup", key, f"HTTP 200: {exc}", sent=True)
 
     def settlement_report(self, *, day: date) -> list[SettlementRow]:
-        """Every payout the gateway paid on ``day`` (UTC). Raises ``RailUnavailable`` on any failure."""
+        """Every payout the gateway paid on ``day`` (UTC). Raises ``SettlementReportUnavailable`` on any failure."""
         if self._client is None:
-            raise RailUnavailable(f"settlement report of {day}: refused: {self.refusal}")
+            raise SettlementReportUnavailable(f"settlement report of {day}: refused: {self.refusal}")
         try:
             response = self._client.get(f"/v1/settlements/{day.isoformat()}")
         except httpx.HTTPError as exc:
-            raise RailUnavailable(f"settlement report of {day}: {_error_text(exc)}") from exc
+            raise SettlementReportUnavailable(f"settlement report of {day}: {_error_text(exc)}") from exc
         if response.status_code != 200:
-            raise RailUnavailable(f"settlement report of {day}: HTTP {response.status_code}")
+            raise SettlementReportUnavailable(f"settlement report of {day}: HTTP {response.status_code}")
         try:
             reader = csv.DictReader(io.StringIO(response.text, newline=""))
             missing = set(SETTLEMENT_COLUMNS) - set(reader.fieldnames or ())
@@ -314,5 +323,5 @@ class HttpRail:
                     )
                 )
         except (csv.Error, ValueError) as exc:  # MalformedAnswer is a ValueError
-            raise RailUnavailable(f"settlement report of {day}: {_error_text(exc)}") from exc
+            raise SettlementReportUnavailable(f"settlement report of {day}: {_error_text(exc)}") from exc
         return rows

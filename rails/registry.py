@@ -4,7 +4,7 @@ interface does not import its implementation (rails/http.py imports the interfac
 
 import threading
 
-from .base import RAIL_NAMES, Rail
+from .base import RAIL_NAMES, RailClient
 from .http import HttpRail
 
 _rails: dict[str, HttpRail] = {}
@@ -27,7 +27,7 @@ def _build_rail(name: str) -> HttpRail:
     raise ValueError(f"unknown rail {name!r}: known rails are {', '.join(RAIL_NAMES)}")
 
 
-def get_rail(name: str) -> Rail:
+def get_rail(name: str) -> RailClient:
     """The process's one rail client called ``name`` (built from settings on first use)."""
     if name not in RAIL_NAMES:
         raise ValueError(f"unknown rail {name!r}: known rails are {', '.join(RAIL_NAMES)}")

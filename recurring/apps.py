@@ -11,6 +11,6 @@ class RecurringConfig(AppConfig):
         # shard's tick; it knows no series, so the series register themselves with it.
         from payments import promoter
 
-        from .series import recurring_generate_due
+        from .services import recurring_generate_due
 
         promoter.register_first_shard_hook(recurring_generate_due)

@@ -1,4 +1,4 @@
-"""Every raw SQL statement of the recurring payments (recurring/series.py), each under a
+"""Every raw SQL statement of the recurring payments (recurring/services.py), each under a
 name that says what it does; the engine's statements they share (the lock timeout) are in
 payments/sql.py.
 

@@ -44,7 +44,7 @@ from ledger.models import ISSUANCE_ACCOUNT_ID, Account, Transfer
 from ledger.services import deposit_request_create
 from payments.management.commands.staff_groups import STAFF_GROUPS
 from payments.models import ArchivedPartition, RailState
-from recurring.series import recurring_create
+from recurring.services import recurring_create
 from tests.api import future
 from tests.conftest import admin_client_for, client_for
 from tests.factories import (

@@ -24,7 +24,6 @@ carries the payment's ``version`` and the same ``webhook-id`` on every try.
 
 import json
 import logging
-import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,8 @@ import httpx
 from django.conf import settings
 from django.db import connection, transaction
 
+from common.backoff import WEBHOOK_RETRY
+
 from . import metrics, payloads, safety, signing, sql
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,6 @@ logger = logging.getLogger(__name__)
 # Bytes of a receiver's answer read at most (then the connection is dropped) and kept.
 RESPONSE_READ_LIMIT = 64 * 1024
 RESPONSE_KEEP = 1024
-# Jitter: each wait on the ladder is drawn uniformly within +-20 % of its step.
-JITTER = 0.2
 # A try is not started when the lease would run out before its timeout could.
 LEASE_MARGIN_SECONDS = 5.0
 USER_AGENT = "delaypay-webhooks/1"
@@ -288,14 +287,10 @@ def deliver_all(claimed: list[Claimed], *, lease_seconds: float) -> tuple[list[T
 # --- 4. record -------------------------------------------------------------------------
 
 
-def next_delay(attempt: int, *, delays: list[float] | None = None) -> float | None:
+def next_delay(attempt: int) -> float | None:
     """Seconds to wait after try number ``attempt`` failed (jittered), None when the ladder
-    is spent."""
-    delays = settings.DELAYPAY_WEBHOOK_RETRY_DELAYS if delays is None else delays
-    if attempt > len(delays):
-        return None
-    step = delays[attempt - 1]
-    return random.uniform(step * (1 - JITTER), step * (1 + JITTER))
+    is spent (common/backoff.py's WEBHOOK_RETRY)."""
+    return WEBHOOK_RETRY.delay(attempt)
 
 
 def _arrays(rows: list[tuple], names: list[str]) -> dict[str, list]:

@@ -9,6 +9,8 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 from django.utils.dateparse import parse_date, parse_datetime
 
+from common.admin_tools import GivenValueFilter
+from common.db import database_now
 from payments.models import (
     FailureReason,
     PaymentStatus,
@@ -20,7 +22,6 @@ from payments.selectors import (
     payment_execute_at_condition,
     payment_overdue_condition,
 )
-from payments.services import db_now
 
 
 class DueFilter(admin.SimpleListFilter):
@@ -131,17 +132,6 @@ def warn_once(request, text: str) -> None:
     if text not in said and not getattr(request, "_dp_export", False):
         said.add(text)
         messages.warning(request, text)
-
-
-class GivenValueFilter(admin.SimpleListFilter):
-    """A filter on one id given in the URL (as linked from another page): listing every
-    choice would not scale, so the choice is offered only once given."""
-
-    def lookups(self, request, model_admin):
-        return [(self.value(), self.value())] if self.value() else []
-
-    def has_output(self) -> bool:
-        return bool(self.value())
 
 
 class PayerFilter(GivenValueFilter):
@@ -341,7 +331,7 @@ def known_execute_at_range(request, start, end) -> None:
 
 def database_today() -> datetime:
     """The start of the current UTC day on the database clock (what "due today" means)."""
-    return db_now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    return database_now().astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 class DueRangeFilter(RangeFilter):

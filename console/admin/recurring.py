@@ -38,7 +38,7 @@ from payments.models import (
 from payments.selectors import (
     recurring_search_condition,
 )
-from recurring.series import recurring_end, recurring_pause, recurring_resume
+from recurring.services import recurring_end, recurring_pause, recurring_resume
 
 from .display import admin_link, money, payment_link, status_badge
 from .payments import PayerToPayeeAdminMixin

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from django.db import connection
 
-from payments.services import db_now
+from common.db import database_now
 
 from .stats import bucketed_percentiles, per_second, summarize
 
@@ -105,7 +105,7 @@ def count_unfinished(*, due_to) -> int:
 def sleep_until(instant) -> None:
     """Sleep until the database clock reaches ``instant``."""
     while True:
-        left = (instant - db_now()).total_seconds()
+        left = (instant - database_now()).total_seconds()
         if left <= 0:
             return
         time.sleep(min(left, 1.0))

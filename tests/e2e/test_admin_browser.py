@@ -265,7 +265,7 @@ def test_staff_end_a_recurring_series_from_its_page_with_a_reason(live_server, b
     from django.utils import timezone
 
     from payments.models import RecurringPayment, RecurringStatus, ScheduledPayment
-    from recurring.series import recurring_create
+    from recurring.services import recurring_create
 
     staff = UserFactory(is_staff=True, is_superuser=True)
     source, target = funded_account(balance=100), funded_account()

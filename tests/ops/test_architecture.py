@@ -214,7 +214,7 @@ def test_the_engine_learns_of_the_packages_above_it_through_their_apps():
     """The inversions of decision 0015 are wired when Django has started."""
     from payments import promoter, services
     from payouts.payees import payout_resolve_failed
-    from recurring.series import recurring_generate_due
+    from recurring.services import recurring_generate_due
 
     assert recurring_generate_due in promoter.FIRST_SHARD_HOOKS
     assert services._parked_payout_resolvers == [payout_resolve_failed]

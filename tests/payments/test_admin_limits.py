@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from payments.services import payment_schedule
-from recurring.series import recurring_create
+from recurring.services import recurring_create
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, funded_account
 

@@ -18,7 +18,7 @@ from console.admin.filters import parse_due
 from console.admin.payments import export_filename
 from console.admin_rails import id_in_url
 from payments.models import PaymentStatus, ScheduledPayment
-from recurring.series import recurring_create
+from recurring.services import recurring_create
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, due_payment, funded_account, future_payment, parked_payment
 

@@ -27,7 +27,7 @@ from payments.models import (
     ScheduledPayment,
 )
 from rails.base import NotFound, Paid, Unknown
-from recurring.series import recurring_create
+from recurring.services import recurring_create
 from tests.conftest import admin_client_for, staff_in
 from tests.factories import UserFactory, funded_account, future_payment, payee_for
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 from common.admin_tools import CONFIRMED, LatestRowsInlineFormSet
 from payments.models import PaymentStatus, RecurringEvent, RecurringPayment, RecurringStatus, ScheduledPayment
 from payments.services import payment_cancel, payment_schedule
-from recurring.series import recurring_create, recurring_end, recurring_generate_due
+from recurring.services import recurring_create, recurring_end, recurring_generate_due
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, funded_account
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from payments import collector, promoter, sql, tasks
 from payments.models import Heartbeat, PaymentEvent, PaymentStatus, ScheduledPayment
-from payments.promoter import FairWalk, Shard, claim_due, claim_params, promoter_run_tick, promoter_tick
+from payments.promoter import FairWalk, Shard, claim_and_publish, claim_due, claim_params, run_tick
 from tests.concurrency import Racers
 from tests.factories import bulk_due_payments, funded_account
 from tests.payments.test_execution_plans import plan_nodes
@@ -113,12 +113,12 @@ def test_shards_claimed_at_once_by_several_promoters_take_each_payment_once():
 def test_a_shard_tick_takes_its_share_of_the_in_flight_cap_and_no_more():
     due_rows(400)
     published = []
-    result = promoter_tick(publish=published.extend, execute_in_process=None, batch=50, in_flight_cap=100,
+    result = claim_and_publish(publish=published.extend, execute_in_process=None, batch=50, in_flight_cap=100,
                            shard=Shard(0, 4))
     assert result.claimed == 25  # a quarter of the room
     assert result.in_flight == 25
     # With 25 in flight, the next shard's share is a quarter of the 75 left.
-    result = promoter_tick(publish=published.extend, execute_in_process=None, batch=50, in_flight_cap=100,
+    result = claim_and_publish(publish=published.extend, execute_in_process=None, batch=50, in_flight_cap=100,
                            shard=Shard(1, 4))
     assert result.claimed == 18
 
@@ -129,7 +129,7 @@ def test_a_tick_of_every_shard_claims_everything_and_beats_for_each(settings):
     in a shard nobody serves, and every shard's heartbeat says it was served."""
     settings.DELAYPAY_CLAIM_SHARDS = 3
     due_rows(120)
-    result = promoter_run_tick(degraded=True)
+    result = run_tick(degraded=True)
     assert result.claimed == result.executed_in_process == 120
     assert not ScheduledPayment.objects.filter(status__in=[PaymentStatus.SCHEDULED, PaymentStatus.EXECUTING]).exists()
     names = set(Heartbeat.objects.values_list("name", flat=True))
@@ -157,9 +157,9 @@ def test_only_the_first_shard_generates_recurring_payments_and_claims_payouts(mo
     calls = []
     monkeypatch.setattr(promoter, "FIRST_SHARD_HOOKS", [lambda: calls.append("recurring")])
     monkeypatch.setattr(promoter, "payouts_tick", lambda **_: calls.append("payouts"))
-    promoter_run_tick(shard=Shard(1, 2))
+    run_tick(shard=Shard(1, 2))
     assert calls == []
-    promoter_run_tick(shard=Shard(0, 2))
+    run_tick(shard=Shard(0, 2))
     assert calls == ["recurring", "payouts"]
 
 

@@ -15,7 +15,7 @@ from django.db.models import Count
 
 from payments import promoter, sql
 from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
-from payments.promoter import FAIR_WALK_BATCHES, FairWalk, claim_due, claim_params, promoter_tick
+from payments.promoter import FAIR_WALK_BATCHES, FairWalk, claim_and_publish, claim_due, claim_params
 from tests.concurrency import Racers
 from tests.factories import funded_account
 from tests.payments.test_execution_plans import plan_nodes
@@ -100,7 +100,7 @@ def test_the_first_claim_of_a_tick_holds_every_other_senders_payment(settings):
     settings.DELAYPAY_CLAIM_PER_SENDER = CAP
     _, others = hot_and_others(hot=1500, others=50, others_every=31)
     published = []
-    promoter_tick(publish=published.extend, execute_in_process=None, batch=BATCH, budget_seconds=60)
+    claim_and_publish(publish=published.extend, execute_in_process=None, batch=BATCH, budget_seconds=60)
     first = {payment_id for payment_id, _ in published[0]}
     assert others <= first
     # The rest of the first claim is the hot sender's (the others left it room), and
@@ -116,7 +116,7 @@ def test_with_the_cap_off_the_claim_keeps_plain_due_order(settings):
     settings.DELAYPAY_CLAIM_PER_SENDER = 0
     _, others = hot_and_others(hot=1500, others=50, others_every=31)
     published = []
-    promoter_tick(publish=published.extend, execute_in_process=None, batch=BATCH, budget_seconds=60)
+    claim_and_publish(publish=published.extend, execute_in_process=None, batch=BATCH, budget_seconds=60)
     assert [pid for pid, _ in published[0]] == [f"pay_fair{n:08d}" for n in range(1, BATCH + 1)]
     assert len(others & {pid for pid, _ in published[0]}) == 3  # positions 31, 62, 93
 
@@ -192,7 +192,7 @@ def test_a_tick_cut_short_hands_its_walk_to_the_next_tick(settings):
     _, others = hot_and_others(hot=4000, others=50)  # after all 4,000 of the hot sender's
     published = []
     for _ in range(3):  # each tick's budget ends after its first claim
-        promoter_tick(publish=published.extend, execute_in_process=None, batch=BATCH, budget_seconds=0)
+        claim_and_publish(publish=published.extend, execute_in_process=None, batch=BATCH, budget_seconds=0)
     # Tick 1 walks 2,000 of the hot rows, tick 2 the other 2,000 from where tick 1 stopped,
     # tick 3 finds the others. Starting over each tick, they would wait for ~2,000 of the
     # hot sender's payments to drain first (tick 21).

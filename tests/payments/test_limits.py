@@ -22,7 +22,13 @@ from payments.models import IdempotencyKey, PaymentStatus, RecurringPayment, Rec
 from payments.promoter import claim_due
 from payments.rules import Rule
 from payments.services import payment_cancel, payment_schedule, payment_update
-from recurring.series import recurring_create, recurring_end, recurring_generate_due, recurring_pause, recurring_update
+from recurring.services import (
+    recurring_create,
+    recurring_end,
+    recurring_generate_due,
+    recurring_pause,
+    recurring_update,
+)
 from tests.concurrency import Racers, start_thread, wait_for_lock_waiters
 from tests.factories import UserFactory, due_payment, funded_account
 
@@ -325,7 +331,7 @@ def test_generation_never_checks_a_limit(caps):
 
 @pytest.mark.django_db
 def test_a_paused_series_keeps_its_reservation_and_resumes_without_a_check(caps):
-    from recurring.series import recurring_resume
+    from recurring.services import recurring_resume
 
     caps(daily=100, series=1)
     a, b = funded_account(), funded_account()

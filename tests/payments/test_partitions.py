@@ -21,7 +21,7 @@ from payments.partitions import PAYMENTS, TABLES, Month
 from payments.promoter import claim_due
 from payments.reconciliation import reconcile
 from payments.services import payment_cancel
-from recurring import series as series_module
+from recurring import services as series_module
 from tests.api import assert_error
 from tests.conftest import client_for
 from tests.factories import due_payment, funded_account

@@ -14,7 +14,7 @@ from payments.models import Payee, Payout, RecurringEvent, RecurringPayment, Sch
 from payments.reconciliation import reconcile
 from payments.services import payment_schedule
 from payouts.payees import payee_delete
-from recurring.series import recurring_create, recurring_generate_due
+from recurring.services import recurring_create, recurring_generate_due
 from tests.concurrency import Racers
 from tests.factories import due_payout, funded_account, payee_for, work_payouts
 

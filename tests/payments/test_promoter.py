@@ -10,7 +10,7 @@ from ledger.models import Transfer
 from payments import execution
 from payments.execution import execute_batch
 from payments.models import ExecutionAttempt, PaymentEvent, PaymentStatus, ScheduledPayment
-from payments.promoter import claim_due, messages_for, promoter_tick
+from payments.promoter import claim_and_publish, claim_due, messages_for
 from tests.factories import due_payment, expire_lease, funded_account
 
 
@@ -123,7 +123,7 @@ def test_tick_publishes_after_commit_and_stops_at_the_in_flight_cap():
         for message in messages:
             published.append([pid for pid, _ in message])
 
-    result = promoter_tick(publish=publish, execute_in_process=None, batch=3, in_flight_cap=5)
+    result = claim_and_publish(publish=publish, execute_in_process=None, batch=3, in_flight_cap=5)
     assert result.claimed == 5
     assert result.capped
     assert [len(m) for m in published] == [3, 2]
@@ -139,7 +139,7 @@ def test_tick_executes_in_process_when_publishing_fails():
         raise ConnectionError("redis is down")
 
     executed = []
-    result = promoter_tick(
+    result = claim_and_publish(
         publish=publish,
         execute_in_process=lambda pairs: executed.append(execute_batch(pairs=pairs)),
     )
@@ -159,7 +159,7 @@ def test_expired_leases_do_not_count_against_the_in_flight_cap():
     for payment in lost:
         expire_lease(payment)
     published = []
-    result = promoter_tick(publish=published.extend, execute_in_process=None, batch=10, in_flight_cap=6)
+    result = claim_and_publish(publish=published.extend, execute_in_process=None, batch=10, in_flight_cap=6)
     assert result.reclaimed == 5
     assert not result.capped
     assert [sorted(pid for pid, _attempt in message) for message in published] == [sorted(p.id for p in lost)]

@@ -1,4 +1,4 @@
-"""Recurring payments (recurring/series.py): generation, pause, resume, end, update."""
+"""Recurring payments (recurring/services.py): generation, pause, resume, end, update."""
 
 import logging
 import threading
@@ -18,7 +18,7 @@ from payments.models import PaymentEvent, PaymentStatus, RecurringEvent, Recurri
 from payments.promoter import claim_due
 from payments.services import payment_cancel
 from recurring import sql
-from recurring.series import (
+from recurring.services import (
     recurring_create,
     recurring_end,
     recurring_generate_due,
@@ -235,7 +235,7 @@ def test_resume_records_as_skipped_only_what_the_pause_missed():
 def test_generation_skips_only_a_duplicate_occurrence_never_another_integrity_error(monkeypatch):
     from django.db import IntegrityError
 
-    from recurring import series as series_module
+    from recurring import services as series_module
 
     a, b = funded_account(), funded_account()
     long_ago = timezone.now() - timedelta(hours=1)
@@ -425,7 +425,7 @@ def test_a_series_whose_generation_waits_on_a_lock_does_not_stop_the_others(capl
     join = start_thread(hold_the_source_account)
     try:
         assert locked.wait(timeout=10)
-        with caplog.at_level(logging.WARNING, logger="recurring.series"):
+        with caplog.at_level(logging.WARNING, logger="recurring.services"):
             assert recurring_generate_due() == 1  # the healthy one, in the same tick
     finally:
         release.set()
@@ -448,10 +448,10 @@ def test_a_database_error_in_the_generation_never_aborts_the_tick(monkeypatch, c
     due = due_payment(source=a, target=b, amount=5)
     monkeypatch.setattr(sql, "RECURRING_DUE", "SELECT no_such_column FROM payments_recurringpayment")
     before = failures("database")
-    published, tick = [], promoter.promoter_tick
-    monkeypatch.setattr(promoter, "promoter_tick", lambda **kwargs: tick(publish=published.extend, **kwargs))
-    with caplog.at_level(logging.WARNING, logger="recurring.series"):
-        result = promoter.promoter_run_tick()
+    published, tick = [], promoter.claim_and_publish
+    monkeypatch.setattr(promoter, "claim_and_publish", lambda **kwargs: tick(publish=published.extend, **kwargs))
+    with caplog.at_level(logging.WARNING, logger="recurring.services"):
+        result = promoter.run_tick()
     assert result.claimed == 1 and published == [[(due.id, 1)]]  # the claim went ahead
     assert failures("database") == before + 1
     assert "recurring occurrence not generated" in caplog.text

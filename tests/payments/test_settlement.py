@@ -19,7 +19,7 @@ from devtools.processes import database_url
 from payments.models import Heartbeat, Payout, ScheduledPayment
 from payments.services import heartbeats_record
 from payouts.settlement import KINDS, reconcile_settlement, reconcile_settlement_all
-from rails.base import RailUnavailable
+from rails.base import SettlementReportUnavailable
 from tests.factories import due_payout, funded_account, payee_for, work_payouts
 from tests.ops.scrape import scrape
 
@@ -221,7 +221,7 @@ def test_reconcile_all_returns_a_report_per_rail_or_raises(paid, rail_gateway):
     _executed, day = paid
     assert [(r.rail, r.ok) for r in reconcile_settlement_all(day=day)] == [("sandbox", True)]
     rail_gateway.faults(down=True)
-    with pytest.raises(RailUnavailable, match="sandbox"):
+    with pytest.raises(SettlementReportUnavailable, match="sandbox"):
         reconcile_settlement_all(day=day)
 
 

@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rails.base import RAIL_NAMES, Declined, NotFound, Paid, RailUnavailable, Unknown
+from rails.base import RAIL_NAMES, Declined, NotFound, Paid, SettlementReportUnavailable, Unknown
 from rails.http import HttpRail
 from rails.registry import close_rails, get_rail
 
@@ -126,7 +126,7 @@ def test_gateway_down_is_unknown(gateway, rail, key):
     gateway.faults(down=True)
     assert isinstance(rail.submit(key=key, amount=100, destination="acct_1"), Unknown)
     assert isinstance(rail.lookup(key=key), Unknown)
-    with pytest.raises(RailUnavailable):
+    with pytest.raises(SettlementReportUnavailable):
         rail.settlement_report(day=date.today())
     gateway.faults(down=False)
     assert rail.lookup(key=key) == NotFound()
@@ -215,7 +215,7 @@ def test_settlement_report_sees_injected_mismatches(gateway, rail, key):
 )
 def test_settlement_report_of_a_broken_answer_raises(status, text, error):
     with _canned_server(status, text.encode()) as url, HttpRail(name="sandbox", base_url=url) as rail:
-        with pytest.raises(RailUnavailable, match=error):
+        with pytest.raises(SettlementReportUnavailable, match=error):
             rail.settlement_report(day=date(2026, 1, 1))
 
 

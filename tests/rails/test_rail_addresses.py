@@ -10,7 +10,7 @@ import httpcore
 import pytest
 
 from rails import http
-from rails.base import Paid, RailUnavailable, Unknown
+from rails.base import Paid, SettlementReportUnavailable, Unknown
 from rails.http import HttpRail
 from rails.registry import close_rails, get_rail
 
@@ -61,7 +61,7 @@ def test_a_refused_rail_url_opens_no_socket_and_answers_unknown_unsent(no_socket
             error=f"refused: {rail.refusal}", sent=False
         )
         assert rail.lookup(key="k1") == Unknown(error=f"refused: {rail.refusal}", sent=False)
-        with pytest.raises(RailUnavailable, match="refused"):
+        with pytest.raises(SettlementReportUnavailable, match="refused"):
             rail.settlement_report(day=date(2026, 1, 2))
         assert "refused" in repr(rail)
     assert "its URL is refused" in caplog.text

@@ -12,7 +12,7 @@ from django.utils import timezone
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from payments.execution import execute_batch
-from recurring.series import recurring_create, recurring_pause
+from recurring.services import recurring_create, recurring_pause
 from tests.conftest import client_for
 from tests.factories import UserFactory, claimed, due_payment, funded_account, future_payment, webhook_endpoint
 from webhooks import dispatcher, events

@@ -13,7 +13,7 @@ from devtools.bench import loader
 from payments.execution import execute_batch
 from payments.models import PaymentEvent, RecurringEvent, ScheduledPayment
 from payments.services import payment_cancel, payment_update
-from recurring.series import recurring_create, recurring_end, recurring_pause, recurring_resume
+from recurring.services import recurring_create, recurring_end, recurring_pause, recurring_resume
 from tests.factories import claimed, due_payment, funded_account, future_payment, parked_payment, webhook_endpoint
 from webhooks import events
 from webhooks.models import Event

@@ -7,7 +7,7 @@ from datetime import date
 from django.core.management.base import BaseCommand, CommandError
 
 from payouts.settlement import reconcile_settlement, yesterday_utc
-from rails.base import RAIL_NAMES, RailUnavailable
+from rails.base import RAIL_NAMES, SettlementReportUnavailable
 
 
 def _day(text: str) -> date:
@@ -39,7 +39,7 @@ class Command(BaseCommand):
         for rail in rails:
             try:
                 reports.append(reconcile_settlement(rail=rail, day=day, sample_limit=options["limit"]))
-            except RailUnavailable as exc:
+            except SettlementReportUnavailable as exc:
                 unavailable[rail] = str(exc)
                 self.stderr.write(f"reconcile_settlement: {rail} unavailable, not checked: {exc}")
         mismatches = sum(report.mismatches for report in reports)

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from payments.models import IdempotencyKey, RecurringEvent, RecurringPayment, ScheduledPayment
 from payments.promoter import claim_due
-from recurring.series import recurring_generate_due
+from recurring.services import recurring_generate_due
 from tests.api import assert_error, future, patch, post
 from tests.conftest import client_for
 from tests.factories import funded_account

@@ -26,7 +26,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import F
 from django.db.models.functions import Now
 
-from ledger.models import Account
+from common.db import database_now
 from payments import limits, metrics
 from payments.exceptions import PaymentValidationError, RecurringNotFound, RecurringStateError, VersionMismatch
 from payments.models import (
@@ -36,9 +36,9 @@ from payments.models import (
     RecurringPayment,
     RecurringStatus,
     ScheduledPayment,
+    series_rule,
 )
 from payments.rules import (
-    Rule,
     RuleError,
     check_rule,
     check_start,
@@ -49,11 +49,8 @@ from payments.rules import (
 from payments.services import (
     _check_amount,
     actor_label,
-    check_accounts,
-    check_payee,
-    check_source,
+    check_destination,
     create_payment_row,
-    db_now,
     payee_lock,
 )
 from payments.sql import SET_LOCAL_LOCK_TIMEOUT
@@ -71,17 +68,6 @@ OCCURRENCE_TAKEN = "payments_occurrenceslot_pkey"
 # bad data) is rolled back alone, logged, counted and tried again next tick.
 GENERATION_BATCH = 50
 GENERATION_LOCK_TIMEOUT = "250ms"
-
-
-def rule_of(rec: RecurringPayment) -> Rule:
-    return _rule(rec.start_at, rec.interval, rec.cron, rec.timezone, rec.last_at)
-
-
-def _rule(start_at: datetime, interval: str, cron: str, timezone: str, end_at: datetime | None) -> Rule:
-    return Rule(
-        start_at=start_at, interval=interval, cron=cron, timezone=timezone, end_at=end_at,
-        min_gap=settings.DELAYPAY_MIN_RECURRING_INTERVAL,
-    )
 
 
 @dataclass(frozen=True)
@@ -110,7 +96,7 @@ def _validated(terms: Terms, errors: dict[str, list[str]]) -> datetime | None:
         errors.setdefault(exc.field, []).append(str(exc))
         if terms.start_at.tzinfo is None:
             return None
-    if db_now() + timedelta(days=settings.DELAYPAY_MAX_SCHEDULE_DAYS) < terms.start_at:
+    if database_now() + timedelta(days=settings.DELAYPAY_MAX_SCHEDULE_DAYS) < terms.start_at:
         errors.setdefault("start_at", []).append(
             f"Must be at most {settings.DELAYPAY_MAX_SCHEDULE_DAYS} days ahead."
         )
@@ -118,7 +104,7 @@ def _validated(terms: Terms, errors: dict[str, list[str]]) -> datetime | None:
         return None
     if terms.end_at is not None and terms.end_at <= terms.start_at:
         errors.setdefault("end_at", []).append("Must be after start_at.")
-    rule = _rule(terms.start_at, terms.interval, terms.cron, terms.timezone, terms.end_at)
+    rule = series_rule(terms.start_at, terms.interval, terms.cron, terms.timezone, terms.end_at)
     try:
         check_rule(rule, min_interval=settings.DELAYPAY_MIN_RECURRING_INTERVAL)
         last_at = terms.end_at
@@ -173,7 +159,7 @@ def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPaymen
         # any other violation is a real error (the schedule's savepoint logs and skips it).
         if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != OCCURRENCE_TAKEN:
             raise
-    following = next_occurrence(rule_of(rec), after=occurrence_at)
+    following = next_occurrence(rec.rule, after=occurrence_at)
     ended = following is None
     RecurringPayment.objects.filter(pk=rec.pk).update(
         last_occurrence_at=occurrence_at,
@@ -249,7 +235,7 @@ def _start_from_now(rec: RecurringPayment, actor) -> Start:
     """Generate the first occurrence after the database's now(), or end the series. An
     occurrence cancelled on its own in that slot stays cancelled: the series moves on
     and the tick generates the one after it when it falls due."""
-    first = next_occurrence(rule_of(rec), after=db_now())
+    first = next_occurrence(rec.rule, after=database_now())
     if first is None:
         RecurringPayment.objects.filter(pk=rec.pk).update(
             status=RecurringStatus.ENDED, next_occurrence_at=None, updated_at=Now()
@@ -282,17 +268,14 @@ def recurring_create(
     errors: dict[str, list[str]] = {}
     terms = Terms(amount, start_at, interval, cron, timezone, end_at, count)
     with transaction.atomic():
-        if to_account_id is None and to_payee_id is None:
-            errors.setdefault("to_account", []).append("Required: give to_account (an account) or to_payee (a payee).")
-        elif to_account_id is not None and to_payee_id is not None:
-            errors.setdefault("to_payee", []).append("Give to_account or to_payee, not both.")
-        elif to_payee_id is not None:
-            check_source(payer=payer, source=Account.objects.filter(pk=from_account_id).first(), errors=errors)
-            check_payee(payer=payer, to_payee_id=to_payee_id, errors=errors)
-        else:
-            check_accounts(payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, errors=errors)
+        check_destination(
+            payer=payer, from_account_id=from_account_id, to_account_id=to_account_id, to_payee_id=to_payee_id,
+            errors=errors,
+        )
         last_at = _validated(terms, errors)
-        if not errors and next_occurrence(_rule(start_at, interval, cron, timezone, last_at), after=db_now()) is None:
+        if not errors and next_occurrence(
+            series_rule(start_at, interval, cron, timezone, last_at), after=database_now()
+        ) is None:
             errors.setdefault("end_at" if end_at else "count", []).append("The series has no occurrence left.")
         if errors:
             raise PaymentValidationError(errors)
@@ -394,7 +377,7 @@ def recurring_resume(*, recurring_id: str, actor, expected_version: int | None =
             raise RecurringStateError(rec.status)
         _check_version(rec, expected_version)
         skipped = occurrences_between(
-            rule_of(rec), after=_missed_after(rec), until=db_now(), limit=SKIPPED_RECORD_LIMIT
+            rec.rule, after=_missed_after(rec), until=database_now(), limit=SKIPPED_RECORD_LIMIT
         )
         _transition(rec, RecurringStatus.ACTIVE)
         rec.refresh_from_db()
