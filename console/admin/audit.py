@@ -16,7 +16,8 @@ from payments.models import (
     RecurringEvent,
 )
 
-from .display import MAX_SEARCH_TERMS, payment_link
+from . import display
+from .display import payment_link
 
 
 class PaymentAuditAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
@@ -29,7 +30,7 @@ class PaymentAuditAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOn
     payment_col = display_column("payment_id", payment_link, "payment", ordering="payment")
 
     def get_search_results(self, request, queryset, search_term):
-        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        terms = search_term.split()[: display.MAX_SEARCH_TERMS]
         return (queryset.filter(**{f"{self.search_by}__in": terms}) if terms else queryset), False
 
 

@@ -52,9 +52,8 @@ from payments.selectors import (
     payment_execute_at_condition,
 )
 
+from . import display
 from .display import (
-    MAX_PREFIX_ACCOUNTS,
-    MAX_SEARCH_TERMS,
     account_cell,
     admin_link,
     from_detail,
@@ -293,7 +292,7 @@ class ScheduledPaymentAdmin(
     search_fields = ("id",)  # shows the box; get_search_results does the matching
     search_help_text = (
         "Exact payment, recurring or account ids, or the start of a username or account name; several separated by "
-        f"spaces or commas (at most {MAX_SEARCH_TERMS})."
+        f"spaces or commas (at most {display.MAX_SEARCH_TERMS})."
     )
     actions = ["cancel_selected", "redrive_selected", "resolve_selected"]
     # Attempts and events: one timeline under the first section (change_form.html), not inlines.
@@ -338,8 +337,8 @@ class ScheduledPaymentAdmin(
         if more:
             warn_once(
                 request,
-                f"The names given start more than {MAX_PREFIX_ACCOUNTS} accounts' names or usernames: the first "
-                f"{MAX_PREFIX_ACCOUNTS} accounts are searched. Type more of the name.",
+                f"The names given start more than {display.MAX_PREFIX_ACCOUNTS} accounts' names or usernames: the "
+                f"first {display.MAX_PREFIX_ACCOUNTS} accounts are searched. Type more of the name.",
             )
         return queryset.filter(condition), False
 

@@ -13,7 +13,8 @@ from django.contrib.admin.utils import quote
 from django.urls import reverse
 from django.utils import timezone
 
-from console.admin import review as payments_admin
+from console.admin import display, review
+from console.admin import payments as admin_payments
 from console.admin.filters import parse_due
 from console.admin.payments import export_filename
 from console.admin_rails import id_in_url
@@ -144,7 +145,7 @@ def test_the_timeline_shows_a_first_claim_that_wrote_no_event_and_the_claim_that
     payment = due_payment(source=people["alice_main"], target=people["bob"], amount=10, seconds_ago=60)
     claim_due(batch=100, lease_seconds=60)
     first = ScheduledPayment.objects.get(pk=payment.pk).claimed_at
-    assert payments_admin.first_claim(ScheduledPayment.objects.get(pk=payment.pk), []) == payments_admin.FirstClaim(
+    assert review.first_claim(ScheduledPayment.objects.get(pk=payment.pk), []) == review.FirstClaim(
         first, "the payment's claimed_at")
     expire_lease(payment)
     claim_due(batch=100, lease_seconds=60)
@@ -162,7 +163,7 @@ def test_the_timeline_shows_a_first_claim_that_wrote_no_event_and_the_claim_that
     # A payment claimed before the change has its own "claimed" event: nothing is made up.
     events = list(PaymentEvent.objects.filter(payment_id=payment.pk))
     legacy = PaymentEvent(kind=PaymentEvent.Kind.CLAIMED, attempt=1)
-    assert payments_admin.first_claim(ScheduledPayment.objects.get(pk=payment.pk), [*events, legacy]) is None
+    assert review.first_claim(ScheduledPayment.objects.get(pk=payment.pk), [*events, legacy]) is None
 
 
 def test_the_timeline_leaves_out_what_the_user_may_not_see(people, payments):
@@ -224,7 +225,7 @@ def test_search_takes_pasted_ids_separated_by_spaces_or_commas(superuser, paymen
 
 
 def test_search_says_how_many_of_the_pasted_ids_it_took(superuser, payments, monkeypatch):
-    monkeypatch.setattr(payments_admin, "MAX_SEARCH_TERMS", 2)
+    monkeypatch.setattr(display, "MAX_SEARCH_TERMS", 2)
     pasted = " ".join([payments["small"].pk, payments["carols"].pk, payments["large"].pk, "pay_x"])
     response = admin_client_for(superuser).get(CHANGELIST, {"q": pasted})
     assert listed(response) == names(payments, "small", "carols")
@@ -232,7 +233,7 @@ def test_search_says_how_many_of_the_pasted_ids_it_took(superuser, payments, mon
 
 
 def test_a_name_prefix_matching_too_many_accounts_says_so(superuser, payments, monkeypatch):
-    monkeypatch.setattr(payments_admin, "MAX_PREFIX_ACCOUNTS", 1)
+    monkeypatch.setattr(display, "MAX_PREFIX_ACCOUNTS", 1)
     response = admin_client_for(superuser).get(CHANGELIST, {"q": "a"})  # alice's two accounts
     assert response.status_code == 200
     assert any("more than 1 accounts" in m for m in messages_of(response))
@@ -379,7 +380,7 @@ def test_the_export_streams_the_filtered_list_with_ids_as_the_api_shows_them(sup
 
 
 def test_the_export_says_where_it_was_cut(superuser, payments, monkeypatch):
-    monkeypatch.setattr(payments_admin, "MAX_EXPORT_ROWS", 2)
+    monkeypatch.setattr(admin_payments, "MAX_EXPORT_ROWS", 2)
     rows = exported(admin_client_for(superuser).get(EXPORT))
     assert len(rows) == 1 + 2 + 1
     assert rows[-1] == ["# cut at 2 rows: narrow the filter to export the rest"]
