@@ -22,6 +22,7 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
+from common.db import database_now
 from devtools.processes import Stack
 from payments.promoter import claim_due, claim_params
 from payments.sql import CLAIM_DUE
@@ -29,7 +30,7 @@ from payments.sql import CLAIM_DUE
 from . import loader
 from .check import check_run
 from .cpu import CpuMeter
-from .measure import db_now, fetch_timings, figures, sleep_until, wait_drained
+from .measure import fetch_timings, figures, sleep_until, wait_drained
 from .pgbench import run_pgbench
 from .rss import RssSampler, snapshot
 from .scratch import fresh_database, scratch_name, server_version
@@ -141,7 +142,7 @@ def stack_pids(stack: Stack) -> dict[str, int]:
 
 def due_instant(lead: float):
     """A whole second at least ``lead`` seconds from now, on the database clock."""
-    due = db_now() + timedelta(seconds=lead)
+    due = database_now() + timedelta(seconds=lead)
     return due.replace(microsecond=0) + timedelta(seconds=1)
 
 
@@ -170,7 +171,7 @@ def load_before(opts: Options, *, due_at, what: str, load: Callable[[], loader.L
     loaded = load()
     loader.analyze()
     seconds = time.monotonic() - started
-    margin = (due_at - db_now()).total_seconds()
+    margin = (due_at - database_now()).total_seconds()
     opts.say(f"  loaded {loaded.payments:,} {what} in {seconds:.1f}s; due in {margin:.1f}s")
     if margin < 0.5:
         raise BenchError(
@@ -217,7 +218,7 @@ def load_history(opts: Options, log_dir: Path) -> dict:
     with connection.cursor() as cur:
         cur.execute("CHECKPOINT")
     loader.load_payments(payments=BACKLOG_DUE_ROWS, accounts=opts.accounts, first=BACKLOG_FIRST_DUE,
-                         due_at=db_now() - timedelta(seconds=1))
+                         due_at=database_now() - timedelta(seconds=1))
     claim = claim_latency()
     (log_dir / f"history-claim-plan-{opts.history}.txt").write_text(claim.pop("plan"))
     history["claim"] = claim
@@ -396,7 +397,7 @@ def drain_naive(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
                 )
                 rows = cur.fetchall()
             enqueue_s, _ = enqueue([r[0] for r in rows], etas=[r[1] for r in rows], broker_url=redis_url)
-            margin = (due_at - db_now()).total_seconds()
+            margin = (due_at - database_now()).total_seconds()
             opts.say(f"  enqueued {n:,} ETA tasks in {enqueue_s:.1f}s; due in {margin:.1f}s")
             if margin < 0.5:
                 raise BenchError("enqueueing the naive ETA tasks overran the due instant; rerun with a larger --lead")
@@ -544,7 +545,7 @@ def run_backlog(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
                  "dispatch_lateness_s": None, "execution_lateness_s": None, "peak_rss_mb": None}
     with fresh_database(scratch_name(opts.run_id, "backlog"), keep=opts.keep):
         loader.load_accounts(accounts=opts.accounts)
-        now = db_now()
+        now = database_now()
         loader.load_payments(payments=BACKLOG_DUE_ROWS, accounts=opts.accounts, first=BACKLOG_FIRST_DUE,
                              due_at=now - timedelta(seconds=1))
         loaded = 0
@@ -596,7 +597,7 @@ def run_memory(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
                  "dispatch_lateness_s": None, "execution_lateness_s": None}
     with fresh_database(scratch_name(opts.run_id, "memory"), keep=opts.keep):
         loader.load_accounts(accounts=opts.accounts)
-        future = db_now() + timedelta(days=1)
+        future = database_now() + timedelta(days=1)
         flush_private_redis(redis_url)
         stack = Stack(log_dir / "memory-delaypay", env=child_env(redis_url))
         try:
@@ -621,7 +622,7 @@ def run_memory(opts: Options, *, redis_url: str, log_dir: Path) -> dict:
             for i in range(opts.workers):
                 stack.start_worker(f"worker{i + 1}", concurrency=opts.concurrency, extra_args=NAIVE_INCLUDE)
             wait_ready(stack, list(stack.procs))
-            eta = db_now() + timedelta(hours=1)
+            eta = database_now() + timedelta(hours=1)
             held, started = 0, time.monotonic()
             deadline = started + opts.naive_budget
 

@@ -302,3 +302,26 @@ def test_a_package_above_its_share_is_found(tree):
     write(tree, {"high/c.py": "x = 1\n" * 9})
     shares = oversized_packages(tree, 0.5)
     assert list(shares) == ["high"] and shares["high"] == pytest.approx(9 / 11)
+
+
+# Scripts fed to ``manage.py shell``: they work at import, on a scratch database.
+SHELL_SCRIPTS = frozenset({"devtools.recurring_cost"})
+
+
+def test_every_module_of_the_product_and_the_tools_imports():
+    """A moved or renamed name breaks the import of the module that still asks for it,
+    which ruff does not see and a test run meets only if a test imports that module (a
+    benchmark scenario, say)."""
+    import importlib
+    import pkgutil
+
+    broken = []
+    for package in [*RANKS, "devtools"]:
+        for info in pkgutil.walk_packages(importlib.import_module(package).__path__, f"{package}."):
+            if ".migrations." in info.name or info.name in SHELL_SCRIPTS:
+                continue
+            try:
+                importlib.import_module(info.name)
+            except Exception as exc:  # every failure is the finding
+                broken.append(f"{info.name}: {exc!r}")
+    assert not broken, "\n".join(broken)
