@@ -10,7 +10,7 @@ sentinels on PORT+2..PORT+4 under the master name ``delaypay``.
 
     python -m devtools.ha up --dir DIR --base-port PORT        # prints DATABASE_URL=...
     python -m devtools.ha status --dir DIR                     # JSON
-    python -m devtools.ha kill-primary --dir DIR [--signal KILL|STOP]
+    python -m devtools.ha kill-primary --dir DIR [--signal KILL|STOP] [--postmaster-only]
     python -m devtools.ha resume --dir DIR                     # SIGCONT after STOP
     python -m devtools.ha down --dir DIR
     python -m devtools.ha redis-up --dir DIR --base-port PORT  # prints REDIS_SENTINEL_URL=...
@@ -73,7 +73,7 @@ KEEPER_SETTINGS = {"timeout.network_partition_timeout": "8"}
 STOP_TIMEOUT = 30.0
 # The programs we need and the Debian packages that bring them (`make ha-packages`).
 PACKAGES = {"pg_autoctl": "postgresql-15-auto-failover", "redis-server": "redis-server",
-            "redis-sentinel": "redis-sentinel", "setsid": "util-linux"}
+            "redis-sentinel": "redis-sentinel", "setsid": "util-linux", "setpriv": "util-linux"}
 
 
 def log(message: str) -> None:
@@ -143,14 +143,18 @@ def process_state(pid: int) -> tuple[str, int, int]:
 def signal_group(directory: Path, name: str, sig: signal.Signals) -> bool:
     """``sig`` to every process the group's leader started, however deep: PostgreSQL's
     backends and auxiliary processes each run in a session of their own, and a frozen node
-    is one whose walsender and backends are frozen too."""
+    is one whose walsender and backends are frozen too. False when it is not running."""
     pgid = group_of(directory, name)
     if pgid is None:
         return False
+    signal_tree(pgid, sig)
+    return True
+
+
+def signal_tree(pgid: int, sig: signal.Signals) -> None:
     for pid in process_tree(pgid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-    return True
 
 
 def alive(pid: int) -> bool:
@@ -174,28 +178,24 @@ def process_tree(pgid: int) -> list[int]:
     return tree
 
 
-def group_alive(pgid: int) -> bool:
-    return bool(process_tree(pgid))
-
-
-def stop_group(directory: Path, name: str, timeout: float = STOP_TIMEOUT) -> None:
-    """SIGCONT (it may be stopped), SIGTERM, and SIGKILL whatever is left after ``timeout``."""
+def stop_group(directory: Path, name: str, terminate=None, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGCONT to every process of it (a frozen node's backends too), then ``terminate()``
+    (default: SIGTERM to the group), then SIGKILL to whatever is left after ``timeout``."""
     pgid = group_of(directory, name)
     if pgid is not None:
-        for sig in (signal.SIGCONT, signal.SIGTERM):
+        signal_tree(pgid, signal.SIGCONT)
+        if terminate is not None:
+            terminate()
+        else:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, sig)
+                os.killpg(pgid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while group_alive(pgid) and time.monotonic() < deadline:
+        while process_tree(pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if group_alive(pgid):
+        if process_tree(pgid):
             log(f"{name} did not stop within {timeout:.0f}s: SIGKILL")
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
+            signal_tree(pgid, signal.SIGKILL)
     (directory / f"{name}.pid").unlink(missing_ok=True)
-
-
-# --- PostgreSQL: pg_auto_failover -----------------------------------------------------------
 
 
 @dataclass
@@ -227,6 +227,9 @@ class SavedLayout:
         layout = cls(directory=directory, base_port=base_port)
         (directory / cls.FILE).write_text(json.dumps({"base_port": base_port}))
         return layout
+
+
+# --- PostgreSQL: pg_auto_failover -----------------------------------------------------------
 
 
 class Layout(SavedLayout):
@@ -261,10 +264,17 @@ def pg_autoctl() -> str:
 
 def autoctl_command(layout: Layout, *args: str) -> list[str]:
     """pg_autoctl as the postgres user when we are root (it refuses root, as PostgreSQL does),
-    its configuration and state files kept inside DIR rather than in a home directory."""
+    its configuration and state files kept inside DIR rather than in a home directory.
+    ``setpriv`` rather than ``runuser``: it becomes the program instead of waiting for it, and
+    a waiting runuser stopped and continued with its child can stop itself again for good."""
     xdg = {"XDG_CONFIG_HOME": "config", "XDG_DATA_HOME": "share", "XDG_RUNTIME_DIR": "run"}
     env = [f"{key}={layout.directory / sub}" for key, sub in xdg.items()]
-    return as_postgres("/usr/bin/env", *env, pg_autoctl(), *args)
+    if os.geteuid() == 0:
+        become = [program("setpriv"), "--reuid=postgres", "--regid=postgres", "--init-groups"]
+        env.append("HOME=/var/lib/postgresql")
+    else:
+        become = []
+    return [*become, "/usr/bin/env", *env, pg_autoctl(), *args]
 
 
 def autoctl(layout: Layout, *args: str, timeout: float = 120) -> str:
@@ -374,6 +384,23 @@ def in_sync(nodes: list[dict]) -> bool:
     return len(nodes) == len(NODES) and settled == ["primary", "secondary"]
 
 
+def streaming(layout: Layout) -> bool:
+    """The monitor's primary, asked itself: writable, with a synchronous standby streaming
+    (the monitor's view may be older than a restart)."""
+    primary = primary_of(nodes_state(layout))
+    if primary is None:
+        return False
+    try:
+        with psycopg.connect(layout.dsn(layout.port(primary), user="postgres"), autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT pg_is_in_recovery(),"
+                "       (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum'))"
+            ).fetchone()
+    except psycopg.Error:
+        return False
+    return row == (False, 1)
+
+
 def primary_of(nodes: list[dict]) -> str | None:
     """The node the monitor has (or is making) the primary, if any."""
     for node in nodes:
@@ -399,6 +426,11 @@ def up(directory: Path, base_port: int, *, timeout: float = 180) -> str:
     if not (directory / Layout.FILE).exists():
         own_directory(directory)
     layout = Layout.open(directory, base_port)
+    # Started again: the nodes first, so that the monitor, which last heard of them before
+    # they stopped, finds them up at its first health check and has nothing to fail over.
+    for name in (*NODES, MONITOR):
+        if created(layout, name):
+            start_keeper(layout, name)
     if not created(layout, MONITOR):
         log(f"creating the monitor on 127.0.0.1:{layout.monitor_port}")
         create_monitor(layout)
@@ -413,7 +445,7 @@ def up(directory: Path, base_port: int, *, timeout: float = 180) -> str:
             wait_for(lambda: primary_of(nodes_state(layout)) == NODES[0] or in_sync(nodes_state(layout)),
                      timeout=timeout, what=f"{NODES[0]} to run", interval=0.5)
             ensure_root_role(layout, primary_of(nodes_state(layout)) or NODES[0])
-    wait_for(lambda: in_sync(nodes_state(layout)), timeout=timeout,
+    wait_for(lambda: in_sync(nodes_state(layout)) and streaming(layout), timeout=timeout,
              what="a primary and a secondary in sync", interval=0.5)
     log(f"in sync: {json.dumps(nodes_state(layout))}")
     return layout.database_url
@@ -437,22 +469,33 @@ def node_answers(layout: Layout, node: str) -> bool:
 
 
 def down(directory: Path) -> None:
-    """Stop the nodes' keepers (each stops its PostgreSQL), then the monitor's. DIR stays."""
-    directory = directory.resolve()
+    """Stop the monitor's keeper, then the secondary's, then the primary's, each stopping its
+    PostgreSQL: with no monitor to decide, nothing fails over on the way down, and the next
+    ``up`` finds the roles as they were. DIR stays."""
+    if not (directory / Layout.FILE).exists():
+        log(f"no cluster in {directory}: nothing to stop")
+        return
+    layout = Layout.load(directory.resolve())
+    primary = primary_of(nodes_state(layout))
+    for name in (MONITOR, *sorted(NODES, key=lambda node: node == primary)):
+        # `pg_autoctl stop` signals the keeper alone, which stops its services and PostgreSQL
+        # in order; a SIGTERM to its whole group would race its restart of those services.
+        stop_group(layout.directory, name, lambda name=name: autoctl_stop(layout, name))
     for name in (*NODES, MONITOR):
-        stop_group(directory, name)
-    for name in (*NODES, MONITOR):
-        kill_orphan_postmaster(directory / name)
+        kill_orphan_postmaster(layout.pgdata(name))
+
+
+def autoctl_stop(layout: Layout, name: str) -> None:
+    try:
+        autoctl(layout, "stop", "--pgdata", str(layout.pgdata(name)), timeout=30)
+    except (SandboxError, subprocess.TimeoutExpired) as exc:
+        log(f"pg_autoctl stop of {name}: {exc}")
 
 
 def kill_orphan_postmaster(pgdata: Path) -> None:
     """A postmaster that outlived its keeper (killed with SIGKILL, say): stopped all the same."""
-    try:
-        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError, IndexError):
-        return
-    if str(pgdata).encode() in cmdline:
+    pid = postmaster_pid(pgdata)
+    if pid is not None:
         log(f"stopping a postmaster left running in {pgdata}")
         os.kill(pid, signal.SIGQUIT)
         wait_for(lambda: not alive(pid), timeout=STOP_TIMEOUT, what="the postmaster to stop")
@@ -472,16 +515,33 @@ def status(directory: Path) -> dict:
     }
 
 
-def kill_primary(directory: Path, sig: signal.Signals = signal.SIGKILL) -> str:
+def kill_primary(directory: Path, sig: signal.Signals = signal.SIGKILL, *, postmaster_only: bool = False) -> str:
     """Send ``sig`` to the primary's whole node, its keeper and its PostgreSQL (a dead or a
-    frozen machine: killed alone, the postmaster would be restarted by its keeper). Returns
-    the node's name."""
+    frozen machine), or with ``postmaster_only`` to its postmaster alone (a crash of
+    PostgreSQL, which its keeper answers by starting it again). Returns the node's name."""
     layout = Layout.load(directory.resolve())
     primary = primary_of(nodes_state(layout))
     if primary is None:
         raise SandboxError("the monitor reports no primary")
-    signal_node(directory, primary, sig)
+    if postmaster_only:
+        pid = postmaster_pid(layout.pgdata(primary))
+        if pid is None:
+            raise SandboxError(f"{primary}'s postmaster is not running")
+        os.kill(pid, sig)
+        log(f"sent {sig.name} to {primary}'s postmaster ({pid})")
+    else:
+        signal_node(directory, primary, sig)
     return primary
+
+
+def postmaster_pid(pgdata: Path) -> int | None:
+    """The postmaster running on ``pgdata`` (its postmaster.pid, checked against /proc)."""
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if str(pgdata).encode() in cmdline and alive(pid) else None
 
 
 def signal_node(directory: Path, node: str, sig: signal.Signals) -> None:
@@ -685,6 +745,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         command = commands.add_parser(name)
         command.add_argument("--dir", type=Path, required=True)
         command.add_argument("--signal", choices=("KILL", "STOP"), default="KILL")
+        if name == "kill-primary":
+            command.add_argument("--postmaster-only", action="store_true",
+                                 help="signal the postmaster alone (its keeper starts it again)")
     commands.add_parser("resume", help="SIGCONT to every node (after kill-primary --signal STOP)").add_argument(
         "--dir", type=Path, required=True)
     return parser.parse_args(argv)
@@ -700,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "status":
             print(json.dumps(status(args.dir), indent=2))
         elif args.command == "kill-primary":
-            print(kill_primary(args.dir, signal.Signals[f"SIG{args.signal}"]))
+            print(kill_primary(args.dir, signal.Signals[f"SIG{args.signal}"], postmaster_only=args.postmaster_only))
         elif args.command == "resume":
             resume(args.dir)
         elif args.command == "redis-up":

@@ -131,7 +131,8 @@ def cluster(pg_cluster):
 @dataclass
 class Ack:
     seq: int
-    at: float  # time.monotonic() when the commit returned
+    sent: float  # time.monotonic() when the INSERT was sent
+    at: float  # and when its commit returned
     port: int  # the server that acknowledged it
 
 
@@ -164,11 +165,12 @@ class Writer:
                 if conn is None:
                     conn = psycopg.connect(self.url, autocommit=True, connect_timeout=2)
                 seq += 1
+                sent = time.monotonic()
                 with self.watchdog.watching(conn):
                     port = conn.execute(
                         f"INSERT INTO {self.table} (seq, port) VALUES (%s, inet_server_port()) RETURNING port", [seq]
                     ).fetchone()[0]
-                self.acks.append(Ack(seq, time.monotonic(), port))
+                self.acks.append(Ack(seq, sent, time.monotonic(), port))
             except psycopg.Error as exc:
                 self.errors.append((time.monotonic(), f"{type(exc).__name__}: {str(exc)[:200]}"))
                 if conn is not None:
@@ -186,7 +188,9 @@ class Writer:
         self.watchdog.thread.join(timeout=5)
 
     def acked_after(self, moment: float) -> Ack | None:
-        return next((ack for ack in list(self.acks) if ack.at > moment), None)
+        """The first commit sent after ``moment`` (an answer already on its way then, read
+        a moment later, does not count) and acknowledged."""
+        return next((ack for ack in list(self.acks) if ack.sent > moment), None)
 
 
 class Watchdog:

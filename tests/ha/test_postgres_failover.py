@@ -68,23 +68,30 @@ def present_on(cluster, node: str, table: str) -> set[int]:
         return {seq for (seq,) in conn.execute(f"SELECT seq FROM {table}")}
 
 
-def failover(cluster, writer: Writer, sig: signal.Signals) -> tuple[str, str, float, float]:
-    """Let the writer commit, send ``sig`` to the primary's node, and wait for the first
-    commit acknowledged after that. (old primary, new primary, kill time, seconds to write)"""
+def fault(writer: Writer, kill) -> tuple[str, float, float]:
+    """Let the writer commit, then ``kill()`` (which names the node it hit), and wait for the
+    first commit acknowledged after that. (node hit, time of the fault, seconds to write)"""
     wait_until(lambda: len(writer.acks) >= 50, timeout=30, what="50 commits before the fault")
-    old = ha.kill_primary(cluster.directory, sig)
+    hit = kill()
     killed_at = time.monotonic()  # after the signal: a commit acknowledged before it is not "after"
     first = wait_until(lambda: writer.acked_after(killed_at), timeout=FAILOVER_BUDGET + 15,
                        what="a commit after the fault")
+    return hit, killed_at, first.at - killed_at
+
+
+def failover(cluster, writer: Writer, sig: signal.Signals) -> tuple[str, str, float, float]:
+    """``fault`` on the primary's whole node: (old primary, new primary, time, seconds to write)."""
+    old, killed_at, seconds = fault(writer, lambda: ha.kill_primary(cluster.directory, sig))
     new = ha.wait_for_new_primary(cluster.directory, old, timeout=FAILOVER_BUDGET)
-    return old, new, killed_at, first.at - killed_at
+    return old, new, killed_at, seconds
 
 
 def test_kill_9_of_the_primary_loses_no_acknowledged_commit(cluster):
     writer = Writer(cluster.url, "after_kill").start()
     try:
         old, new, killed_at, seconds = failover(cluster, writer, signal.SIGKILL)
-        print(f"\nkill -9 of {old}: first commit through the URL {seconds:.1f} s later, on {new}")
+        print(f"\nkill -9 of {old}: first commit through the URL {seconds:.1f} s later, on {new}"
+              f" (port {writer.acked_after(killed_at).port})")
         wait_until(lambda: len([a for a in writer.acks if a.at > killed_at]) >= 20, timeout=20,
                    what="writes to go on")
     finally:
@@ -92,7 +99,29 @@ def test_kill_9_of_the_primary_loses_no_acknowledged_commit(cluster):
     acknowledged = {ack.seq for ack in writer.acks}
     assert acknowledged - present_on(cluster, new, "after_kill") == set()
     new_port = cluster.layout.port(new)
-    assert {ack.port for ack in writer.acks if ack.at > killed_at} == {new_port}
+    assert {ack.port for ack in writer.acks if ack.sent > killed_at} == {new_port}
+    assert seconds < FAILOVER_BUDGET
+
+
+
+def test_kill_9_of_the_postmaster_alone_loses_no_acknowledged_commit(cluster):
+    """Its keeper starts it again (crash recovery); or the monitor, seeing it down, fails
+    over. Either way nothing acknowledged is lost and writes resume through the URL."""
+    writer = Writer(cluster.url, "after_postmaster_kill").start()
+    try:
+        old, killed_at, seconds = fault(
+            writer, lambda: ha.kill_primary(cluster.directory, signal.SIGKILL, postmaster_only=True))
+        wait_until(lambda: len([a for a in writer.acks if a.at > killed_at]) >= 20, timeout=20,
+                   what="writes to go on")
+    finally:
+        writer.finish()
+    primary = ha.status(cluster.directory)["primary"]
+    how = "restarted by its keeper" if primary == old else f"failed over to {primary}"
+    first_port = writer.acked_after(killed_at).port
+    print(f"\nkill -9 of {old}'s postmaster: {how}; first commit through the URL {seconds:.1f} s later,"
+          f" on port {first_port}")
+    acknowledged = {ack.seq for ack in writer.acks}
+    assert acknowledged - present_on(cluster, primary, "after_postmaster_kill") == set()
     assert seconds < FAILOVER_BUDGET
 
 
@@ -122,7 +151,8 @@ def test_a_frozen_primary_is_replaced_and_rejoins_as_secondary(cluster):
     layout = cluster.layout
     try:
         old, new, stopped_at, seconds = failover(cluster, writer, signal.SIGSTOP)
-        print(f"\nSIGSTOP of {old}: first commit through the URL {seconds:.1f} s later, on {new}")
+        print(f"\nSIGSTOP of {old}: first commit through the URL {seconds:.1f} s later, on {new}"
+              f" (port {writer.acked_after(stopped_at).port})")
         time.sleep(max(0.0, stopped_at + 30 - time.monotonic()))
         stop_probe, probe_acks = threading.Event(), []
         probe = threading.Thread(
@@ -147,8 +177,8 @@ def test_a_frozen_primary_is_replaced_and_rejoins_as_secondary(cluster):
     # One read-write node at a time: nothing was acknowledged by the old primary once thawed,
     # and nothing by it after the new one took the first write.
     assert probe_acks == []
-    first_on_new = min(a.at for a in writer.acks if a.port == layout.port(new))
-    assert [a.seq for a in writer.acks if a.at > first_on_new and a.port != layout.port(new)] == []
+    first_on_new = min(a.sent for a in writer.acks if a.port == layout.port(new))
+    assert [a.seq for a in writer.acks if a.sent > first_on_new and a.port != layout.port(new)] == []
     acknowledged = {ack.seq for ack in writer.acks}
     assert acknowledged - present_on(cluster, new, "after_stop") == set()
     assert seconds < FAILOVER_BUDGET
