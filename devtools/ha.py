@@ -262,13 +262,15 @@ def pg_autoctl() -> str:
     return program("pg_autoctl")
 
 
+XDG_DIRECTORIES = {"XDG_CONFIG_HOME": "config", "XDG_DATA_HOME": "share", "XDG_RUNTIME_DIR": "run"}
+
+
 def autoctl_command(layout: Layout, *args: str) -> list[str]:
     """pg_autoctl as the postgres user when we are root (it refuses root, as PostgreSQL does),
     its configuration and state files kept inside DIR rather than in a home directory.
     ``setpriv`` rather than ``runuser``: it becomes the program instead of waiting for it, and
     a waiting runuser stopped and continued with its child can stop itself again for good."""
-    xdg = {"XDG_CONFIG_HOME": "config", "XDG_DATA_HOME": "share", "XDG_RUNTIME_DIR": "run"}
-    env = [f"{key}={layout.directory / sub}" for key, sub in xdg.items()]
+    env = [f"{key}={layout.directory / sub}" for key, sub in XDG_DIRECTORIES.items()]
     if os.geteuid() == 0:
         become = [program("setpriv"), "--reuid=postgres", "--regid=postgres", "--init-groups"]
         env.append("HOME=/var/lib/postgresql")
@@ -291,10 +293,13 @@ def autoctl(layout: Layout, *args: str, timeout: float = 120) -> str:
 
 
 def own_directory(directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:
-        shutil.chown(directory, user="postgres", group="postgres")
-    directory.chmod(0o700)
+    """DIR and pg_autoctl's directories in it, the postgres user's when we are root. The
+    runtime one must exist: without it pg_autoctl keeps its pid files in /tmp/pg_autoctl."""
+    for path in (directory, *(directory / sub for sub in XDG_DIRECTORIES.values())):
+        path.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(path, user="postgres", group="postgres")
+        path.chmod(0o700)
 
 
 def initdb(layout: Layout, name: str, extra: dict[str, str] | None = None) -> None:
@@ -423,32 +428,49 @@ def up(directory: Path, base_port: int, *, timeout: float = 180) -> str:
     reports a primary and a secondary in sync; the multi-host DATABASE_URL."""
     pg_autoctl()
     directory = directory.resolve()
-    if not (directory / Layout.FILE).exists():
-        own_directory(directory)
+    own_directory(directory)
     layout = Layout.open(directory, base_port)
     # Started again: the nodes first, so that the monitor, which last heard of them before
     # they stopped, finds them up at its first health check and has nothing to fail over.
     for name in (*NODES, MONITOR):
         if created(layout, name):
             start_keeper(layout, name)
+    create_missing(layout, timeout=timeout)
+    wait_for(lambda: keep_running(layout) and in_sync(nodes_state(layout)) and streaming(layout),
+             timeout=timeout, what="a primary and a secondary in sync", interval=0.5)
+    log(f"in sync: {json.dumps(nodes_state(layout))}")
+    return layout.database_url
+
+
+def keep_running(layout: Layout) -> bool:
+    """Start again a keeper that exited while we wait: one started right after its node was
+    killed may find its predecessor's pid still taken (a zombie our init has not yet reaped)
+    and give up."""
+    for name in (*NODES, MONITOR):
+        start_keeper(layout, name)
+    return True
+
+
+def create_missing(layout: Layout, *, timeout: float) -> None:
+    """Whatever the first ``up`` (or one that failed half-way) has not made yet, in order:
+    the monitor, the primary, our role on it, the standby."""
+    primary, standby = NODES
     if not created(layout, MONITOR):
         log(f"creating the monitor on 127.0.0.1:{layout.monitor_port}")
         create_monitor(layout)
-    start_keeper(layout, MONITOR)
+        start_keeper(layout, MONITOR)
     wait_started(layout.directory, MONITOR, lambda: monitor_answers(layout), timeout=60)
-    for node in NODES:
-        if not created(layout, node):
-            log(f"creating {node} on 127.0.0.1:{layout.port(node)}")
-            create_node(layout, node)
-        start_keeper(layout, node)
-        if node == NODES[0]:
-            wait_for(lambda: primary_of(nodes_state(layout)) == NODES[0] or in_sync(nodes_state(layout)),
-                     timeout=timeout, what=f"{NODES[0]} to run", interval=0.5)
-            ensure_root_role(layout, primary_of(nodes_state(layout)) or NODES[0])
-    wait_for(lambda: in_sync(nodes_state(layout)) and streaming(layout), timeout=timeout,
-             what="a primary and a secondary in sync", interval=0.5)
-    log(f"in sync: {json.dumps(nodes_state(layout))}")
-    return layout.database_url
+    if not created(layout, primary):
+        log(f"creating {primary} on 127.0.0.1:{layout.port(primary)}")
+        create_node(layout, primary)
+        start_keeper(layout, primary)
+    if not created(layout, standby):
+        wait_for(lambda: primary_of(nodes_state(layout)) == primary, timeout=timeout, what=f"{primary} to run",
+                 interval=0.5)
+        ensure_root_role(layout, primary)  # before the standby is made: it copies the role
+        log(f"creating {standby} on 127.0.0.1:{layout.port(standby)}")
+        create_node(layout, standby)
+        start_keeper(layout, standby)
 
 
 def answers(dsn: str) -> bool:
