@@ -17,7 +17,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # sums them (docs/reference/operations.md, "Metrics"). The tests use their own (pyproject.toml).
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test screenshots install services browser lint check-deploy flower metrics-dir schema chaos chaos-ci bench bench-all docs \
+.PHONY: run test screenshots install services browser lint check-deploy flower metrics-dir schema openapi chaos chaos-ci bench bench-all docs \
   ha-packages test-ha
 
 $(BIN)/python:
@@ -140,6 +140,12 @@ check-deploy: install
 schema: install
 	mkdir -p var
 	DJANGO_DEBUG=1 $(BIN)/python manage.py spectacular --validate --fail-on-warn --file var/openapi.yaml
+
+# The endpoint reference of the docs site: the served schema, byte for byte, to
+# docs/reference/openapi.yaml and its Markdown rendering to docs/reference/endpoints.md
+# (tests/ops/test_openapi_reference.py fails when either is stale).
+openapi: install
+	DJANGO_DEBUG=1 $(BIN)/python manage.py openapi_reference
 
 # The due-time burst benchmark on scratch databases (docs/reference/benchmarks.md). BENCH_ARGS adds
 # options, e.g. make bench BENCH_ARGS="--workers 2 --profile".

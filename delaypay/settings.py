@@ -11,6 +11,7 @@ import environ
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
+import delaypay
 from delaypay.db_options import session_options
 from delaypay.logs import logging_config
 
@@ -274,7 +275,7 @@ SPECTACULAR_SETTINGS = {
         "header_too_large, 501 not_implemented (a Transfer-Encoding other than chunked); 414 and 431 are "
         "listed on every operation."
     ),
-    "VERSION": "1.0.0",
+    "VERSION": delaypay.__version__,  # the release (delaypay/__init__.py, CHANGELOG.md)
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SERVE_AUTHENTICATION": [],

@@ -108,7 +108,7 @@ def test_the_prepared_statements_generic_plans_stay_o_batch_as_the_tables_grow()
     # payment is executing, and read after 2,500 are: no statement reads the lease
     # index or the whole payments table, and the account lock probes the accounts' primary
     # key once per id (a bitmap of "id = ANY($1)" rechecks each row it locks against the
-    # whole array: docs/explanation/performance.md, "Issue 17, the seventh stop").
+    # whole array: docs/decisions/0013-prepared-statements-accounts-by-join.md, "Measured").
     loader.load_accounts(accounts=2000)
     loader.load_payments(payments=3000, accounts=2000, due_at=timezone.now() - timedelta(seconds=1))
     with connection.cursor() as cur:
