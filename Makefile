@@ -87,7 +87,7 @@ ha-packages:
 	fi
 
 # Failover of PostgreSQL (kill -9 and SIGSTOP of the primary) and of Redis behind Sentinel:
-# about two minutes, printing the failover times (-s); not part of `make test`.
+# two to two and a half minutes, printing the failover times (-s); not part of `make test`.
 test-ha: install ha-packages
 	$(BIN)/pytest -m ha -s tests/ha
 
