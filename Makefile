@@ -17,7 +17,8 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # sums them (docs/reference/operations.md, "Metrics"). The tests use their own (pyproject.toml).
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test screenshots install services browser lint check-deploy flower metrics-dir schema openapi chaos chaos-ci bench bench-all docs
+.PHONY: run test screenshots install services browser lint check-deploy flower metrics-dir schema openapi chaos chaos-ci bench bench-all docs \
+  ha-packages test-ha
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -71,6 +72,24 @@ browser:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
 	    || echo "chromium could not be installed; the browser test will be skipped"; \
 	fi
+
+# The high-availability tests (tests/ha/, marker "ha") build a pg_auto_failover cluster (a monitor
+# and two nodes) and a Redis Sentinel set on loopback with devtools/ha.py. Debian's packages,
+# installed here when missing and we can (root with apt-get); where we cannot, the tests skip.
+ha-packages:
+	@if { ! command -v pg_autoctl >/dev/null 2>&1 || ! command -v redis-sentinel >/dev/null 2>&1 \
+	      || ! command -v redis-server >/dev/null 2>&1; } \
+	  && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  echo "installing postgresql-15-auto-failover, redis-server and redis-sentinel for the HA tests"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      postgresql-15-auto-failover redis-server redis-sentinel >/dev/null; } \
+	    || echo "the HA packages could not be installed; tests/ha will be skipped"; \
+	fi
+
+# Failover of PostgreSQL (kill -9 and SIGSTOP of the primary) and of Redis behind Sentinel:
+# two to two and a half minutes, printing the failover times (-s); not part of `make test`.
+test-ha: install ha-packages
+	$(BIN)/pytest -m ha -s tests/ha
 
 test: install services browser lint docs $(BIN)/promtool
 	$(BIN)/pytest --create-db

@@ -1,0 +1,116 @@
+"""Redis behind Sentinel (devtools/ha.py): when the master dies, the sentinels promote the
+replica, a client that follows the master name writes again, and what the replica had
+acknowledged (WAIT 1) before the death is on the new master.
+"""
+
+import contextlib
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import kombu
+import pytest
+import redis
+from redis.sentinel import Sentinel
+
+from devtools import ha
+from tests.replica.conftest import poll
+
+from .conftest import require, run_devtools, started
+
+pytestmark = pytest.mark.ha
+FAILOVER_BUDGET = 30.0
+WAIT_MS = 500
+
+
+@dataclass
+class RedisSet:
+    directory: Path
+    base_port: int
+    url: str
+
+    @property
+    def layout(self) -> ha.RedisLayout:
+        return ha.RedisLayout(self.directory, self.base_port)
+
+
+@pytest.fixture(scope="module")
+def redis_set():
+    require("redis-server", "redis-server")
+    with started("redis-up", "redis-down", "REDIS_SENTINEL_URL", ports=5, preferred_port=56700) as (
+            directory, base_port, url):
+        yield RedisSet(directory, base_port, url)
+
+
+def test_the_printed_url_is_a_celery_broker_url(redis_set):
+    ports = [redis_set.base_port + i for i in (2, 3, 4)]
+    assert redis_set.url == ";".join(f"sentinel://127.0.0.1:{port}/0" for port in ports)
+    with kombu.Connection(redis_set.url, transport_options={"master_name": ha.MASTER_NAME}) as conn:
+        queue = conn.SimpleQueue("ha-test")
+        queue.put({"hello": "sentinel"})
+        message = queue.get(timeout=5)
+        assert message.payload == {"hello": "sentinel"}
+        message.ack()
+        queue.close()
+
+
+@dataclass
+class RedisWriter:
+    """SET k<n> then WAIT 1: a write is acknowledged once a replica has it."""
+
+    sentinel: Sentinel
+    acked: list[tuple[int, float]] = field(default_factory=list)  # (n, time.monotonic())
+    written: list[tuple[int, float]] = field(default_factory=list)  # SET returned, WAIT said 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        master = self.sentinel.master_for(ha.MASTER_NAME, socket_timeout=1, socket_connect_timeout=1)
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            try:
+                master.set(f"k{n}", n)
+                replicas = master.execute_command("WAIT", 1, WAIT_MS)
+            except redis.RedisError:
+                self.stop.wait(0.05)
+                continue
+            (self.acked if replicas >= 1 else self.written).append((n, time.monotonic()))
+        master.close()
+
+    def first_after(self, moment: float) -> float | None:
+        return next((at for _, at in self.written + self.acked if at > moment), None)
+
+
+def test_the_replica_takes_over_and_keeps_what_was_acknowledged(redis_set):
+    sentinel = Sentinel(redis_set.layout.sentinel_addresses, socket_timeout=1, socket_connect_timeout=1)
+    writer = RedisWriter(sentinel)
+    thread = threading.Thread(target=writer.run, name="redis-writer", daemon=True)
+    thread.start()
+    try:
+        poll(lambda: len(writer.acked) >= 200, timeout=20, what="200 acknowledged writes")
+        old_master = sentinel.discover_master(ha.MASTER_NAME)
+        killed = ha.kill_redis_master(redis_set.directory, signal.SIGKILL)
+        killed_at = time.monotonic()
+        first = poll(lambda: writer.first_after(killed_at), timeout=FAILOVER_BUDGET, what="a write after the kill")
+        print(f"\nkill -9 of the Redis master ({killed}): first write through Sentinel {first - killed_at:.1f} s later")
+        new_master = sentinel.discover_master(ha.MASTER_NAME)
+        assert new_master != old_master
+        acked_before = [n for n, at in writer.acked if at < killed_at]
+        # The old master comes back (redis-up again) as a replica of the new one.
+        restarted = run_devtools("redis-up", "--dir", str(redis_set.directory), "--base-port", str(redis_set.base_port))
+        assert restarted.returncode == 0, restarted.stderr[-3000:]
+        poll(lambda: any(at > time.monotonic() - 1 for _, at in writer.acked[-5:]), timeout=20,
+             what="writes acknowledged by a replica again")
+    finally:
+        writer.stop.set()
+        thread.join(timeout=10)
+    client = redis.Redis(host=new_master[0], port=new_master[1], socket_timeout=2)
+    with contextlib.closing(client):
+        values = client.mget([f"k{n}" for n in acked_before])
+        assert client.info("replication")["role"] == "master"
+    assert [n for n, value in zip(acked_before, values, strict=True) if value is None] == []
+    old = redis.Redis(host=old_master[0], port=old_master[1], socket_timeout=2)
+    with contextlib.closing(old):
+        assert old.info("replication")["role"] == "slave"
