@@ -10,7 +10,7 @@ import pytest
 from rails.base import RAIL_NAMES, Declined, NotFound, Paid, RailUnavailable, Unknown, close_rails, get_rail
 from rails.http import HttpRail
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 
 SETTLEMENT_HEADER = "id,idempotency_key,amount,currency,destination,status,created"
