@@ -91,6 +91,11 @@ PROCESS_FIXTURES = {"celery_stack", "sandbox_gateway", "private_redis", "pg_pair
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        # schemathesis names each operation's item (test_x[GET /payments]) but, under pytest
+        # 9, gives them all the function's node id; xdist's --dist loadgroup queues by node
+        # id and would run one item of the 39. The name goes back into the id.
+        if item.name != item.nodeid.rsplit("::", 1)[-1]:
+            item._id = type(item._id).parse(f"{item.nodeid.rsplit('::', 1)[0]}::{item.name}")
         if PROCESS_FIXTURES.intersection(item.fixturenames) or item.get_closest_marker("e2e") \
                 or item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.processes)
