@@ -1,24 +1,35 @@
 # Two commands on a fresh machine:
 #   make run   - venv, requirements, services, migrations, demo data, every Procfile process
-#   make test  - venv, requirements, services, then ruff and the whole pytest suite
+#   make test  - venv, requirements, services, then ruff and the whole pytest suite, in
+#                TEST_WORKERS pytest-xdist workers (each with its own test database, Redis
+#                database, metrics directory and ports: docs/reference/tests.md)
+#   make test-fast - the tests that start no process (unit and API layers), in parallel,
+#                on the existing test databases: the loop between two changes
 #   make chaos - the full fault-injection run (20,000 payments) on private PostgreSQL/Redis
 #   make chaos-ci - the small fault-injection run .ci/run does on every submission
 #   make bench / bench-all - the due-time burst benchmark (docs/reference/benchmarks.md)
 # Both are idempotent; the venv is reinstalled only when a requirements file changes.
+# PYTEST_ARGS adds options to both test targets (e.g. PYTEST_ARGS="-x tests/ledger",
+# PYTEST_ARGS=--create-db for test-fast after a new migration).
 
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 PORT ?= 8000
+# pytest-xdist workers for `make test` and `make test-fast` (measured in docs/reference/tests.md:
+# the end-to-end tests mostly wait, so more workers than cores pays). Worker i uses the Redis
+# database REDIS_URL's minus i (default 15, 14, 13): at most 15 workers.
+TEST_WORKERS ?= 3
+PYTEST_ARGS ?=
 DEMO_RECEIVER_PORT ?= 8099
 export PATH := $(abspath $(BIN)):$(PATH)
 # Every process `make run` starts writes its metrics to this directory; web's /metrics
 # sums them (docs/reference/operations.md, "Metrics"). The tests use their own (pyproject.toml).
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test screenshots install services browser lint check-deploy flower metrics-dir schema openapi chaos chaos-ci bench bench-all docs \
-  ha-packages test-ha
+.PHONY: run test test-fast screenshots install services browser lint check-deploy flower metrics-dir schema openapi chaos chaos-ci \
+  bench bench-all docs ha-packages test-ha
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -91,8 +102,15 @@ ha-packages:
 test-ha: install ha-packages
 	$(BIN)/pytest -m ha -s tests/ha
 
+# --dist loadgroup: tests spread one by one over the workers, except the modules marked
+# xdist_group, each kept on one worker (docs/reference/tests.md says why for each).
 test: install services browser lint docs $(BIN)/promtool
-	$(BIN)/pytest --create-db
+	$(BIN)/pytest --create-db -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# No lint, docs or browser: only the tests marked neither processes nor e2e/browser
+# (tests/conftest.py), which fail if they start a process anyway.
+test-fast: install services
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not processes" $(PYTEST_ARGS)
 
 # The console's pictures in the docs (docs/reference/admin-console.md), taken by the browser
 # test; a plain test run writes them to var/screenshots/ instead.

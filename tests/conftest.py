@@ -1,5 +1,7 @@
 import io
 import os
+import subprocess
+from urllib.parse import urlsplit, urlunsplit
 
 import hypothesis
 import pytest
@@ -25,13 +27,92 @@ hypothesis.settings.register_profile("explore", deadline=None)
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config, specs):
+    """Each xdist worker (``-n N``) gets an environment of its own before it imports the
+    settings, so that it and every process it starts share nothing with another worker:
+    Redis database ``b - i`` for worker ``gw<i>`` when REDIS_URL names database ``b``
+    (pyproject's default 15: 15, 14, 13, ...; never 0, which `make run` uses), beat's
+    schedule file with a suffix ``-gw<i>``, and that suffix for pyproject.toml's env to put
+    on the metrics directory. pytest-django suffixes the test database name itself (``test_delaypay_gw0``).
+    Ports are free ones (``tests.workers.worker_port``) and temporary directories are the
+    worker's own (pytest's basetemp is per worker)."""
+    base = redis.Redis.from_url(os.environ["REDIS_URL"]).connection_pool.connection_kwargs.get("db", 0)
+    for index, spec in enumerate(specs):
+        worker = spec.id or f"gw{index}"
+        db = base - index
+        if db < 1:
+            raise pytest.UsageError(
+                f"{len(specs)} workers need Redis databases {base} down to {base - len(specs) + 1}: "
+                "point REDIS_URL at a higher database or run fewer workers (database 0 is `make run`'s)"
+            )
+        spec.env["REDIS_URL"] = redis_url_with_db(os.environ["REDIS_URL"], db)
+        if os.environ.get("DELAYPAY_CACHE_URL"):  # a cache of its own: its database, shifted the same way
+            cache = os.environ["DELAYPAY_CACHE_URL"]
+            cache_db = redis.Redis.from_url(cache).connection_pool.connection_kwargs.get("db", 0) - index
+            spec.env["DELAYPAY_CACHE_URL"] = redis_url_with_db(cache, max(cache_db, 1))
+        spec.env["DELAYPAY_TEST_WORKER_SUFFIX"] = f"-{worker}"
+        spec.env["DELAYPAY_BEAT_SCHEDULE_FILE"] = f"{os.environ['DELAYPAY_BEAT_SCHEDULE_FILE']}-{worker}"
+
+
+def worker_port(preferred: int) -> int:
+    """A preferred port for ``devtools.sandbox.pick_port`` that no other xdist worker
+    prefers: ``preferred + 100 * i`` on worker ``gw<i>`` (pick_port tries 50 ports up from
+    it), so two workers never both find the same port free and then race to bind it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return preferred + 100 * int(worker.removeprefix("gw") or 0)
+
+
+def redis_url_with_db(url: str, db: int) -> str:
+    """``url`` pointing at Redis database ``db`` (the path of a redis:// URL is the database)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
 def pytest_sessionstart(session):
     """Production storage (WhiteNoise's manifest) needs collectstatic, as the release step
     runs. Always run (it only copies what changed) so a manifest from before an app
     with static files was added cannot go stale. At session start, before collection:
     tests/payments/api/test_schemathesis.py builds the WSGI app when it is imported, and WhiteNoise
-    warns (an error under -W error) when STATIC_ROOT does not exist yet."""
+    warns (an error under -W error) when STATIC_ROOT does not exist yet. Under xdist the
+    controller runs it once, before it starts the workers (xdist's own sessionstart is
+    trylast), so that workers never write the same files at once."""
+    if hasattr(session.config, "workerinput"):
+        return
     call_command("collectstatic", interactive=False, verbosity=0)
+
+
+# A test that asks for one of these fixtures runs with child processes (Celery, the sandbox
+# gateway, a redis-server or PostgreSQL cluster of its own, Chromium): it is marked
+# ``processes``, as are e2e and browser tests, and modules that start processes themselves
+# say so with ``pytestmark``. `make test-fast` (-m "not processes") leaves them out.
+PROCESS_FIXTURES = {"celery_stack", "sandbox_gateway", "private_redis", "pg_pair", "live_server"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        # schemathesis names each operation's item (test_x[GET /payments]) but, under pytest
+        # 9, gives them all the function's node id; xdist's --dist loadgroup queues by node
+        # id and would run one item of the 39. The name goes back into the id.
+        if item.name != item.nodeid.rsplit("::", 1)[-1]:
+            item._id = type(item._id).parse(f"{item.nodeid.rsplit('::', 1)[0]}::{item.name}")
+        if PROCESS_FIXTURES.intersection(item.fixturenames) or item.get_closest_marker("e2e") \
+                or item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.processes)
+
+
+@pytest.fixture(autouse=True)
+def _no_child_processes(request, monkeypatch):
+    """In a run that leaves out the ``processes`` tests (`make test-fast`), a test that
+    starts a process anyway fails and says to mark it, so the fast selection stays what
+    it claims to be."""
+    if "not processes" not in (request.config.option.markexpr or ""):
+        return
+
+    def refuse(self, args, *rest, **kwargs):
+        pytest.fail(f"this test starts a process ({args!r}): mark it @pytest.mark.processes", pytrace=False)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
 
 
 @pytest.fixture(autouse=True)

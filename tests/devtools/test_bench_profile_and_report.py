@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from devtools.bench.profile import parse_collapsed, summarize
 from devtools.bench.report import target_results
 
@@ -48,6 +50,7 @@ def test_the_webhooks_target_is_judged_only_when_the_burst_ran_with_webhooks():
         assert verdicts[("burst", "payments/s with webhooks vs without (--webhooks)")] == (ratio, met)
 
 
+@pytest.mark.processes
 def test_compare_prints_each_run_and_the_means_per_payment(tmp_path):
     from devtools.bench.compare import figures, main
 

@@ -6,7 +6,10 @@ import subprocess
 import sys
 import time
 
+import pytest
 from django.conf import settings
+
+pytestmark = pytest.mark.processes
 
 # A harness in miniature: a child in a session of its own (as Stack starts the Procfile's
 # processes), stopped in a ``finally``.

@@ -12,6 +12,8 @@ from standardwebhooks import Webhook
 
 from devtools.webhook_receiver import ReceiverProcess, read_log, summarize
 
+pytestmark = pytest.mark.processes  # each test starts the receiver as a process
+
 
 def new_secret() -> str:
     return "whsec_" + base64.b64encode(os.urandom(24)).decode()

@@ -43,6 +43,7 @@ def run_promtool(*args) -> subprocess.CompletedProcess:
     return subprocess.run([tool, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.processes
 def test_alert_rules_pass_promtool_check():
     result = run_promtool("check", "rules", str(ALERTS))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -50,11 +51,13 @@ def test_alert_rules_pass_promtool_check():
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
 
 
+@pytest.mark.processes
 def test_example_prometheus_config_passes_promtool_check():
     result = run_promtool("check", "config", str(DEPLOY / "prometheus" / "prometheus.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.processes
 def test_alerts_fire_as_their_unit_tests_expect():
     result = run_promtool("test", "rules", str(ALERT_TESTS))
     assert result.returncode == 0, result.stdout + result.stderr

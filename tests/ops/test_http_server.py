@@ -19,7 +19,8 @@ from tests.api import payment_body
 from tests.conftest import client_for
 from tests.factories import UserFactory, funded_account
 
-pytestmark = pytest.mark.timeout(300)
+# One xdist worker for the module, so that its web process (module-scoped) starts once.
+pytestmark = [pytest.mark.processes, pytest.mark.xdist_group("http-server"), pytest.mark.timeout(300)]
 
 
 def free_port() -> int:

@@ -23,7 +23,12 @@ from django.conf import settings
 
 from devtools.processes import Stack, procfile
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(900)]
+# One xdist worker for the module: the venv is built once, under var/, and two workers
+# building it at once would remove each other's files.
+pytestmark = [
+    pytest.mark.processes, pytest.mark.xdist_group("runtime-venv"),
+    pytest.mark.django_db(transaction=True), pytest.mark.timeout(900),
+]
 
 BASE_DIR = Path(settings.BASE_DIR)
 
@@ -108,6 +113,13 @@ def test_each_procfile_line_loads_the_application(kind, venv, tmp_path):
         PROMETHEUS_MULTIPROC_DIR=str(tmp_path / "metrics"),
         DELAYPAY_BEAT_SCHEDULE_FILE=str(tmp_path / "beat-schedule"),
     )
+    if kind == "release":
+        # collectstatic into a directory of its own: in the checkout's staticfiles/ it would
+        # delete and rewrite the hashed CSS while tests in other xdist workers read them.
+        (tmp_path / "release_settings.py").write_text(
+            f"from delaypay.settings import *  # noqa: F403\nSTATIC_ROOT = {str(tmp_path / 'static')!r}\n"
+        )
+        env.update(DJANGO_SETTINGS_MODULE="release_settings", PYTHONPATH=str(tmp_path))
     done = subprocess.run(
         ["sh", "-c", line], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=300,
         stdin=subprocess.DEVNULL,

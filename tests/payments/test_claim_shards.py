@@ -195,6 +195,7 @@ def beat_schedule(value: str | None) -> subprocess.CompletedProcess:
     return settings_in_child(code, DELAYPAY_CLAIM_SHARDS=value)
 
 
+@pytest.mark.processes
 def test_the_beat_sends_one_tick_per_shard_each_naming_its_shard_and_the_count():
     result = beat_schedule(None)
     assert result.returncode == 0, result.stderr
@@ -208,6 +209,7 @@ def test_the_beat_sends_one_tick_per_shard_each_naming_its_shard_and_the_count()
     }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("value", ["0", "65", "two"])
 def test_the_shard_count_setting_refuses_anything_else(value):
     result = beat_schedule(value)

@@ -246,6 +246,7 @@ def settings_value(value: str | None) -> subprocess.CompletedProcess:
     return settings_in_child(code, DELAYPAY_CLAIM_PER_SENDER=value)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(("value", "expected"), [(None, "50"), ("20", "20"), ("0", "0"), ("off", "0")])
 def test_the_per_sender_cap_setting_reads_whole_numbers_and_off(value, expected):
     result = settings_value(value)
@@ -253,6 +254,7 @@ def test_the_per_sender_cap_setting_reads_whole_numbers_and_off(value, expected)
     assert result.stdout.strip() == expected
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("value", ["-1", "ten", "2.5"])
 def test_the_per_sender_cap_setting_refuses_anything_else(value):
     result = settings_value(value)

@@ -11,7 +11,7 @@ from rails.base import RAIL_NAMES, Declined, NotFound, Paid, SettlementReportUna
 from rails.http import HttpRail
 from rails.registry import close_rails, get_rail
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 
 SETTLEMENT_HEADER = "id,idempotency_key,amount,currency,destination,status,created"

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import httpx
 import pytest
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(60)]
 
 
 @pytest.fixture

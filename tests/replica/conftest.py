@@ -29,6 +29,7 @@ from django.conf import settings
 from devtools.chaos_replica import api_reads_in
 from devtools.processes import procfile
 from devtools.sandbox import DataCluster, SandboxError, pick_port, server_bindir, wait_for
+from tests.conftest import worker_port
 
 BASE_DIR = Path(settings.BASE_DIR)
 DATABASE = "delaypay"
@@ -133,7 +134,7 @@ def pg_pair():
     if os.geteuid() == 0:
         shutil.chown(base, user="postgres", group="postgres")
     base.chmod(0o700)
-    primary_port = pick_port(55432)
+    primary_port = pick_port(worker_port(55432))
     replica_port = pick_port(primary_port + 1)
     primary = DataCluster(bindir=bindir, directory=base / "primary", port=primary_port)
     replica = DataCluster(bindir=bindir, directory=base / "replica", port=replica_port)
@@ -206,7 +207,7 @@ class Web:
     """The web process (the Procfile's ``web`` line, one gunicorn worker) on a loopback port."""
 
     def __init__(self, pair: Pair, directory: Path, env: dict[str, str]):
-        self.port = pick_port(58000)
+        self.port = pick_port(worker_port(58000))
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = directory / "web.log"
         metrics_dir = directory / "prometheus"

@@ -19,6 +19,10 @@ from payments.models import ScheduledPayment
 
 from .conftest import poll
 
+# One xdist worker for the module: its pair of PostgreSQL clusters is session-scoped, and
+# every worker that ran one of these tests would initdb and seed a pair of its own.
+pytestmark = pytest.mark.xdist_group("replica")
+
 
 def set_amount(pair, payment_id: str, amount: int) -> None:
     """A write on the primary that is not the API's (nobody's read-your-writes window opens)."""
