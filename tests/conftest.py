@@ -94,8 +94,16 @@ def pytest_collection_modifyitems(config, items):
         # schemathesis names each operation's item (test_x[GET /payments]) but, under pytest
         # 9, gives them all the function's node id; xdist's --dist loadgroup queues by node
         # id and would run one item of the 39. The name goes back into the id.
-        if item.name != item.nodeid.rsplit("::", 1)[-1]:
+        if item.name != item.nodeid.rsplit("::", 1)[-1].split("@", 1)[0]:
             item._id = type(item._id).parse(f"{item.nodeid.rsplit('::', 1)[0]}::{item.name}")
+        # --dist loadgroup keeps the items whose node id ends in "@<group>" on one worker.
+        # xdist 3.8 writes that suffix to item._nodeid, which pytest 9 no longer reads (the
+        # node id is str(item._id)): the groups were lost and two workers built the same
+        # runtime venv at once. The suffix goes into the id.
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and config.getvalue("loadgroup") and "@" not in item.nodeid.rsplit("::", 1)[-1]:
+            item._id = type(item._id).parse(f"{item.nodeid}@{'_'.join(groups)}")
         if PROCESS_FIXTURES.intersection(item.fixturenames) or item.get_closest_marker("e2e") \
                 or item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.processes)
@@ -113,6 +121,31 @@ def _no_child_processes(request, monkeypatch):
         pytest.fail(f"this test starts a process ({args!r}): mark it @pytest.mark.processes", pytrace=False)
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _static_files_scanned_once():
+    """WhiteNoise's middleware scans STATIC_ROOT (hundreds of files: a stat each and a
+    look for compressed twins) whenever a middleware chain is built, that is for every
+    test client: 50-140 ms a client, a good part of the fast tests' time. The files do
+    not change during a run (collectstatic runs once, before the workers start:
+    pytest_sessionstart), so each directory is scanned once a process and later chains
+    get the same entries. Production builds its chain once a process, as before."""
+    from whitenoise.base import WhiteNoise
+
+    scan = WhiteNoise.update_files_dictionary
+    scanned: dict[tuple[str, str], dict] = {}
+
+    def scanned_once(self, root, prefix):
+        if (root, prefix) not in scanned:
+            before = dict(self.files)
+            scan(self, root, prefix)
+            scanned[root, prefix] = {url: f for url, f in self.files.items() if before.get(url) is not f}
+        self.files.update(scanned[root, prefix])
+
+    WhiteNoise.update_files_dictionary = scanned_once
+    yield
+    WhiteNoise.update_files_dictionary = scan
 
 
 @pytest.fixture(autouse=True)

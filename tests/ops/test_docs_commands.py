@@ -412,6 +412,9 @@ def problems(markdown: str, development: bool = False) -> list[str]:
 # --- The docs --------------------------------------------------------------------------
 
 
+# processes: a `python -m <module>` without a parser of its own is checked by `--help` in a
+# child process (make test-fast leaves the pages out; make test checks them).
+@pytest.mark.processes
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_every_command_in_the_page_runs_as_written(page):
     assert not problems(page.read_text(), development=page in FRESH_SHELL)

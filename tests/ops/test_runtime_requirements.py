@@ -8,6 +8,7 @@ a worker, the promoter, beat and web started from it answer. A runtime import th
 the dev requirements satisfy (kombu's Redis transport needed ``packaging``) fails here.
 """
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -52,17 +53,22 @@ def runtime_venv() -> Path:
     """A venv holding requirements.txt and nothing else (built once per requirements)."""
     digest = hashlib.sha1((BASE_DIR / "requirements.txt").read_bytes()).hexdigest()[:12]
     venv = BASE_DIR / "var" / f"runtime-venv-{digest}"
-    if (venv / ".complete").exists():
-        return venv
-    shutil.rmtree(venv, ignore_errors=True)
-    base_python = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
-    subprocess.run(
-        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         "-r", str(BASE_DIR / "requirements.txt")],
-        check=True, stdin=subprocess.DEVNULL,
-    )
-    (venv / ".complete").touch()
+    venv.parent.mkdir(exist_ok=True)
+    # One builder at a time, whichever test process asks first (xdist workers, two runs):
+    # two building the same venv delete each other's files and ensurepip fails.
+    with open(venv.parent / f"runtime-venv-{digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / ".complete").exists():
+            return venv
+        shutil.rmtree(venv, ignore_errors=True)
+        base_python = getattr(sys, "_base_executable", sys.executable)
+        subprocess.run([base_python, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "-r", str(BASE_DIR / "requirements.txt")],
+            check=True, stdin=subprocess.DEVNULL,
+        )
+        (venv / ".complete").touch()
     return venv
 
 
