@@ -14,6 +14,11 @@ the statement expects and why it is shaped as it is.
 # the destination (the one reserved with, else the payee's), the payout's state (NULL: no
 # funds reserved yet) and whether its payee is deleted (never while a payout to it is
 # pending: payee_delete refuses; read here so that such a payout is not paid all the same).
+# An attempt that has recorded its outcome (``unknown``: the payout stays EXECUTING, its
+# lease moved to the follow-up) is over: a message of it delivered again is stale, and the
+# successor attempt that claims the row when the lease ends looks the payout up. Acted
+# on, the redelivery finished the payout under an attempt whose one row says ``unknown``
+# (chaos seed 514838: reconciliation's attempt_history).
 LOCK_FENCED_PAYOUTS = """
 SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_at, p.claimed_at,
        coalesce(p.execute_at + p.expires_after < now(), false) AS expired, p.tries,
@@ -24,6 +29,7 @@ SELECT p.id, p.attempt, p.from_account_id, p.to_account_id, p.amount, p.execute_
   JOIN payments_payee e ON e.id = p.to_payee_id
   LEFT JOIN payments_payout o ON o.payment_id = p.id
  WHERE p.id = ANY(%(ids)s::text[])
+   AND NOT EXISTS (SELECT 1 FROM payments_executionattempt a WHERE a.payment_id = p.id AND a.attempt = p.attempt)
  ORDER BY p.id
    FOR NO KEY UPDATE OF p
 """

@@ -75,6 +75,32 @@ def test_insufficient_funds_fail_without_a_call(rail_gateway):
     assert_clean()
 
 
+def test_a_message_delivered_again_after_its_attempt_was_unknown_is_stale(rail_gateway):
+    """The broker delivers an attempt's message again after that attempt recorded an
+    unknown outcome (the payout stays EXECUTING at that attempt, its lease moved to the
+    follow-up): the redelivery changes nothing, and the successor attempt, claimed when
+    the lease ends, looks the payout up and finishes it (chaos seed 514838 found the
+    redelivery paying the payout under an attempt whose one row said "unknown")."""
+    source = funded_account(balance=500)
+    payout = due_payout(source=source, payee=payee_for(source.owner), amount=120)
+    pairs = claim()
+    rail_gateway.faults(timeout_rate=1.0)
+    assert run_payout_batch(pairs, worker="first").unknown == [payout.id]
+    rail_gateway.faults(timeout_rate=0.0)
+    again = run_payout_batch(pairs, worker="redelivered")
+    assert again.stale == pairs and not again.executed
+    payout.refresh_from_db()
+    assert (payout.status, payout.attempt) == ("EXECUTING", 1)
+    assert list(payout.attempts.values_list("attempt", "outcome")) == [(1, "unknown")]
+    assert_clean()
+    expire(payout)
+    assert work().executed == [payout.id]
+    payout.refresh_from_db()
+    assert (payout.status, payout.attempt) == ("EXECUTED", 2)
+    assert rail_gateway.payouts(payout.id)["count"] == 1
+    assert_clean()
+
+
 @pytest.mark.parametrize("fault", ["timeout_rate", "error_rate"])
 def test_an_ambiguous_answer_stays_in_flight_and_the_lookup_resolves_it(rail_gateway, fault):
     source = funded_account(balance=500)
