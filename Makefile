@@ -3,8 +3,10 @@
 #   make test  - venv, requirements, services, then ruff and the whole pytest suite, in
 #                TEST_WORKERS pytest-xdist workers (each with its own test database, Redis
 #                database, metrics directory and ports: docs/reference/tests.md)
-#   make test-fast - the tests that start no process (unit and API layers), in parallel,
-#                on the existing test databases: the loop between two changes
+#   make test-fast - the unit and API layers (no process, not the console), in parallel,
+#                on the existing test databases, property and race tests at a fifth of
+#                their count: the loop between two changes
+#   make test-console - the console's layer (the Django admin), the same way
 #   make chaos - the full fault-injection run (20,000 payments) on private PostgreSQL/Redis
 #   make chaos-ci - the small fault-injection run .ci/run does on every submission
 #   make bench / bench-all - the due-time burst benchmark (docs/reference/benchmarks.md)
@@ -21,14 +23,19 @@ PORT ?= 8000
 # the end-to-end tests mostly wait, so more workers than cores pays). Worker i uses the Redis
 # database REDIS_URL's minus i (default 15, 14, 13): at most 15 workers.
 TEST_WORKERS ?= 3
+TEST_FAST_SCALE ?= 0.2
 PYTEST_ARGS ?=
 DEMO_RECEIVER_PORT ?= 8099
 export PATH := $(abspath $(BIN)):$(PATH)
+# Bytecode and pytest's rewritten test modules are cached in __pycache__/ (git-ignored):
+# an environment with PYTHONDONTWRITEBYTECODE set compiles every module again in every
+# test process (7 s of collection instead of 3, for each xdist worker).
+unexport PYTHONDONTWRITEBYTECODE
 # Every process `make run` starts writes its metrics to this directory; web's /metrics
 # sums them (docs/reference/operations.md, "Metrics"). The tests use their own (pyproject.toml).
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
-.PHONY: run test test-fast screenshots install services browser lint check-deploy flower metrics-dir schema openapi chaos chaos-ci \
+.PHONY: run test test-fast test-console screenshots install services browser lint check-deploy flower metrics-dir schema openapi chaos chaos-ci \
   bench bench-all docs ha-packages test-ha
 
 $(BIN)/python:
@@ -109,8 +116,16 @@ test: install services browser lint docs $(BIN)/promtool
 
 # No lint, docs or browser: only the tests marked neither processes nor e2e/browser
 # (tests/conftest.py), which fail if they start a process anyway.
+# The unit and API layers: every test that starts no process and is not the console's,
+# with the property tests' examples and the race tests' rounds at TEST_FAST_SCALE of their
+# count (tests/scale.py). make test runs all of them in full.
 test-fast: install services
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not processes" $(PYTEST_ARGS)
+	DELAYPAY_TEST_SCALE=$(TEST_FAST_SCALE) $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup \
+	  -m "not processes and not console" $(PYTEST_ARGS)
+
+# The console's layer (the Django admin through the test client), the same way.
+test-console: install services
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "console and not processes" $(PYTEST_ARGS)
 
 # The console's pictures in the docs (docs/reference/admin-console.md), taken by the browser
 # test; a plain test run writes them to var/screenshots/ instead.

@@ -299,7 +299,8 @@ def series_reserved(*, payer_id: int, excluding: str | None = None) -> int:
 @lru_cache(maxsize=4096)
 def series_daily_peak(rule: Rule) -> int:
     """The most occurrences ``rule`` has in one UTC day. An interval of hours, minutes or
-    seconds: what a day holds at that gap, exactly. Otherwise the busiest UTC day of its
+    seconds: what a day holds at that gap, exactly; a calendar interval in a zone whose
+    offset never changes (UTC): one, exactly. Otherwise the busiest UTC day of its
     first year (days the clocks change included), read from its occurrences; a cron
     expression firing too often for PEAK_SAMPLE_OCCURRENCES to cover a week counts its
     minutes times its hours, plus one more hour of them for a day the clocks change. A pure
@@ -310,6 +311,10 @@ def series_daily_peak(rule: Rule) -> int:
         calendar = ("years", "months", "weeks", "days")
         if rule.interval and not any(parse_interval(rule.interval).get(unit) for unit in calendar):
             return at_most  # exact elapsed time: the most that fit in a day is what a day holds
+        if rule.interval and fixed_offset(rule.timezone):
+            # A calendar step (a day at least) on a clock that never changes is 24 hours or
+            # more, and two instants of one UTC day are less than 24 hours apart.
+            return 1
         if rule.cron:
             minutes, hours = (len(field) if field != ["*"] else n for field, n in zip(
                 croniter(rule.cron).expanded[:2], (60, 24), strict=True))
@@ -317,6 +322,12 @@ def series_daily_peak(rule: Rule) -> int:
                 return min(minutes * hours + minutes, at_most)
     except RuleError:
         return 1  # refused when validated; a stored rule that no longer parses generates nothing
+    return sampled_peak(rule)
+
+
+def sampled_peak(rule: Rule) -> int:
+    """The busiest UTC day among the rule's occurrences in its first PEAK_SAMPLE_DAYS (at
+    most PEAK_SAMPLE_OCCURRENCES of them)."""
     per_day: Counter[date] = Counter()
     horizon = rule.start_at + timedelta(days=PEAK_SAMPLE_DAYS)
     try:
@@ -329,6 +340,11 @@ def series_daily_peak(rule: Rule) -> int:
     # Not capped by at_most: the gap it comes from is read off a few weeks of the rule, and
     # a day the clocks change can bring a daily cron's occurrences closer than that.
     return max(per_day.values(), default=1)
+
+
+def fixed_offset(timezone: str) -> bool:
+    """Whether the zone's offset from UTC never changes: UTC and the ``Etc/`` zones."""
+    return timezone in {"UTC", "Universal", "Zulu", "GMT", "Greenwich", "UCT"} or timezone.startswith("Etc/")
 
 
 # --- The admin's view of usage --------------------------------------------------------------

@@ -1,3 +1,4 @@
+import functools
 import io
 import os
 import subprocess
@@ -9,7 +10,9 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.management import call_command
-from django.test import Client
+from django.core.management.color import no_style
+from django.db import connection, connections
+from django.test import Client, TransactionTestCase, override_settings
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
@@ -79,7 +82,48 @@ def pytest_sessionstart(session):
     trylast), so that workers never write the same files at once."""
     if hasattr(session.config, "workerinput"):
         return
+    collect_static_if_changed()
+
+
+def collect_static_if_changed() -> None:
+    """collectstatic, unless every source file (path, size, time) is as the last run saw
+    it: it compresses each file again (about 2 s of a test run's CPU) even when nothing
+    changed."""
+    from pathlib import Path
+
+    from django.contrib.staticfiles.finders import get_finders
+
+    seen = sorted(
+        f"{prefix}{path} {os.stat(storage.path(path)).st_size} {os.stat(storage.path(path)).st_mtime_ns}"
+        for finder in get_finders() for path, storage in finder.list([])
+        for prefix in [getattr(storage, "prefix", None) or ""]
+    )
+    stamp = Path(settings.BASE_DIR) / "var" / "test-static-sources"
+    fingerprint = "\n".join(seen)
+    manifest = Path(settings.STATIC_ROOT) / "staticfiles.json"
+    if manifest.exists() and stamp.exists() and stamp.read_text() == fingerprint:
+        return
     call_command("collectstatic", interactive=False, verbosity=0)
+    stamp.parent.mkdir(exist_ok=True)
+    stamp.write_text(fingerprint)
+
+
+# What the post_migrate signal writes (content types and permissions): the same rows each
+# time, so the flush after a transactional test keeps them instead of emptying them and
+# having the signal write every one of them again (a third of each flush's time).
+KEPT_BY_FLUSH = {"django_content_type", "auth_permission"}
+
+
+def _fixture_teardown(self):
+    """Django's flush (TRUNCATE every table, as pytest-django asks for), less KEPT_BY_FLUSH
+    and the post_migrate signal."""
+    for name in self._databases_names(include_mirrors=False):
+        connection = connections[name]
+        tables = sorted(set(connection.introspection.django_table_names(only_existing=True)) - KEPT_BY_FLUSH)
+        connection.ops.execute_sql_flush(connection.ops.sql_flush(no_style(), tables))
+
+
+TransactionTestCase._fixture_teardown = _fixture_teardown
 
 
 # A test that asks for one of these fixtures runs with child processes (Celery, the sandbox
@@ -102,8 +146,10 @@ def pytest_collection_modifyitems(config, items):
         # runtime venv at once. The suffix goes into the id.
         groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                          for m in item.iter_markers("xdist_group")})
-        if groups and config.getvalue("loadgroup") and "@" not in item.nodeid.rsplit("::", 1)[-1]:
+        if groups and config.getoption("loadgroup", False) and "@" not in item.nodeid.rsplit("::", 1)[-1]:
             item._id = type(item._id).parse(f"{item.nodeid}@{'_'.join(groups)}")
+        if item.path.parent.name == "console" and item.path.parent.parent.name == "tests":
+            item.add_marker(pytest.mark.console)
         if PROCESS_FIXTURES.intersection(item.fixturenames) or item.get_closest_marker("e2e") \
                 or item.get_closest_marker("browser"):
             item.add_marker(pytest.mark.processes)
@@ -155,29 +201,50 @@ def _empty_cache():
     flush_test_redis(settings.CACHES["default"]["LOCATION"])
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing():
+    override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]).enable()
+
+
+# Whether the system accounts and rail states are in the database, committed. A test
+# inside a transaction (``db``) leaves them as it found them; a transactional test's
+# teardown empties every table.
+_system_rows = {"present": False}
 
 
 @pytest.fixture(autouse=True)
-def _issuance_account(request):
-    """The issuance account comes from a data migration; transactional tests flush
-    every table between tests, so put it back for each test that uses the database."""
+def _issuance_account(request, django_db_blocker):
+    """The issuance account and each rail's accounts and state come from data migrations
+    (ledger, payments/0014); a transactional test's teardown empties every table, so they
+    are put back, committed, before the next test that uses the database."""
     marker = request.node.get_closest_marker("django_db")
     if marker is None:
         return
     transactional = marker.kwargs.get("transaction", False) or (bool(marker.args) and marker.args[0])
+    if not _system_rows["present"]:
+        request.getfixturevalue("django_db_setup")
+        ensure_system_rows(django_db_blocker)
+    if transactional:
+        _system_rows["present"] = False  # its teardown flushes them
     request.getfixturevalue("transactional_db" if transactional else "db")
-    Account.objects.get_or_create(
-        id=ISSUANCE_ACCOUNT_ID, defaults={"name": "Issuance", "kind": Account.Kind.SYSTEM}
-    )
-    for rail in Rail.values:  # and each rail's accounts and state (payments/0014)
-        for role in ("clearing", "settlement"):
-            Account.objects.get_or_create(
-                id=f"acc_{rail}_{role}", defaults={"name": f"{rail} {role}", "kind": Account.Kind.SYSTEM}
-            )
-        RailState.objects.get_or_create(rail=rail)
+
+
+def ensure_system_rows(django_db_blocker) -> None:
+    """Put the system rows back, committed; a module's shared world (built inside a
+    transaction that outlives its tests) calls this before it starts that transaction."""
+    with django_db_blocker.unblock():
+        put_back_system_rows()
+        # Inside a module's transaction they go when it is rolled back.
+        _system_rows["present"] = not connection.in_atomic_block
+
+
+def put_back_system_rows() -> None:
+    accounts = [Account(id=ISSUANCE_ACCOUNT_ID, name="Issuance", kind=Account.Kind.SYSTEM)] + [
+        Account(id=f"acc_{rail}_{role}", name=f"{rail} {role}", kind=Account.Kind.SYSTEM)
+        for rail in Rail.values for role in ("clearing", "settlement")
+    ]
+    Account.objects.bulk_create(accounts, ignore_conflicts=True)
+    RailState.objects.bulk_create([RailState(rail=rail) for rail in Rail.values], ignore_conflicts=True)
 
 
 @pytest.fixture
@@ -254,10 +321,16 @@ def staff_api(staff_user):
 
 def flush_test_redis(url: str | None = None) -> None:
     """Empty the Redis database the tests use (never database 0, which `make run` uses)."""
-    client = redis.Redis.from_url(url or settings.REDIS_URL)
+    _test_redis(url or settings.REDIS_URL).flushdb()
+
+
+@functools.cache
+def _test_redis(url: str) -> redis.Redis:
+    """One client (and its connection) per URL for the whole test process."""
+    client = redis.Redis.from_url(url)
     if client.connection_pool.connection_kwargs.get("db", 0) == 0:
         raise RuntimeError("refusing to flush Redis database 0: point REDIS_URL at a test database")
-    client.flushdb()
+    return client
 
 
 @pytest.fixture

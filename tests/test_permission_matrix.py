@@ -46,7 +46,8 @@ from payments.management.commands.staff_groups import STAFF_GROUPS
 from payments.models import ArchivedPartition, RailState
 from recurring.services import recurring_create
 from tests.api import future
-from tests.conftest import admin_client_for, client_for
+from tests.conftest import client_for, ensure_system_rows
+from tests.console.test_payouts import reserved_payout
 from tests.factories import (
     PASSWORD,
     AccountFactory,
@@ -56,7 +57,6 @@ from tests.factories import (
     parked_payment,
     payee_for,
 )
-from tests.payments.test_admin_payouts import reserved_payout
 from webhooks.endpoints import endpoint_create
 from webhooks.models import Delivery, DeliveryStatus, Event
 
@@ -460,6 +460,7 @@ class World:
     payout: object  # a payout to payee parked in NEEDS_REVIEW with its funds reserved
     rail_state: object  # the sandbox rail's breaker
     roles: dict  # role -> (its user or None, that user's own account or None)
+    sessions: dict  # a role's user id -> the admin session cookie of that user, logged in
     caller: object = None  # the role's user (None: anonymous)
     own_account: object = None  # the caller's own account
 
@@ -512,6 +513,12 @@ def build_world() -> World:
     for role in ROLES:
         user = role_user(role)
         roles[role] = (user, AccountFactory(owner=user) if user else None)
+    sessions = {}
+    for user, _ in roles.values():
+        if user is not None:  # logged in once here: a login per test was a fifth of the module's time
+            client = Client()
+            client.force_login(user)
+            sessions[user.pk] = client.cookies[django_settings.SESSION_COOKIE_NAME].value
     return World(
         owner=owner,
         account=account,
@@ -527,6 +534,7 @@ def build_world() -> World:
         payout=payout,
         rail_state=rail_state,
         roles=roles,
+        sessions=sessions,
     )
 
 
@@ -535,11 +543,9 @@ def shared_world(django_db_setup, django_db_blocker):
     """The world and a user per role, built once for the module (as Django's
     setUpTestData): inside a transaction rolled back after the module's last test. Each
     test runs in a savepoint of it, so what one test changes the next never sees."""
-    # The tests' password hasher (conftest.py), which is only set per test.
-    fast = override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"])
+    ensure_system_rows(django_db_blocker)
     with django_db_blocker.unblock(), transaction.atomic():
-        with fast:
-            world = build_world()
+        world = build_world()
         yield world
         transaction.set_rollback(True)
 
@@ -599,7 +605,12 @@ def test_api(world, name, method, role):
 
 
 def admin_client(world: World) -> Client:
-    return admin_client_for(world.caller) if world.caller else Client()
+    """A browser logged in as the caller (anonymous: not logged in). The session was made
+    with the world, so a test's logout is rolled back with the rest of the test."""
+    client = Client()
+    if world.caller:
+        client.cookies[django_settings.SESSION_COOKIE_NAME] = world.sessions[world.caller.pk]
+    return client
 
 
 def first_row(world: World, model, target: str = ""):
@@ -627,6 +638,7 @@ def assert_outcome(response, expected, role, ok=(200, 302)):
         assert not refused, (role, refused)
 
 
+@pytest.mark.console
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize(("label", "action"), ACTION_CASES, ids=[f"{lab}.{a}" for lab, a in ACTION_CASES])
 def test_admin_action(world, label, action, role):
@@ -642,6 +654,7 @@ def test_admin_action(world, label, action, role):
     assert_outcome(response, Admin(needs).expected(world.caller), role)
 
 
+@pytest.mark.console
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("name", ROUTE_CASES)
 def test_route(world, name, role):
@@ -661,6 +674,7 @@ def test_route(world, name, role):
         assert_outcome(response, rule.expected(world.caller), role, ok=rule.ok)
 
 
+@pytest.mark.console
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("label", sorted(m._meta.label for m in admin.site._registry))
 def test_admin_changelist_needs_the_view_permission(world, label, role):
@@ -760,6 +774,7 @@ def test_a_party_to_a_payment_never_reviews_it(world, role, act, relation):
     assert status_of(parked) == "NEEDS_REVIEW"
 
 
+@pytest.mark.console
 @pytest.mark.parametrize("action", ["freeze_selected", "unfreeze_selected"])
 @pytest.mark.parametrize("role", SELF_ROLES)
 def test_nobody_freezes_or_unfreezes_their_own_account(world, role, action):

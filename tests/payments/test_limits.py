@@ -1,6 +1,7 @@
 """Payments into system accounts, and the per-user limits (payments/limits.py), through
 the services: what counts, what is refused, what is never refused, and the races."""
 
+import zoneinfo
 from datetime import UTC, date, datetime, time, timedelta
 from functools import partial
 
@@ -366,6 +367,22 @@ def test_a_paused_series_keeps_its_reservation_and_resumes_without_a_check(caps)
 )
 def test_a_series_busiest_utc_day(rule, peak):
     assert limits.series_daily_peak(rule) == peak
+
+
+@pytest.mark.parametrize("timezone", ["UTC", "Etc/UTC", "Etc/GMT+12", "Etc/GMT-14"])
+@pytest.mark.parametrize("interval", ["P1D", "P3D", "P1W", "P1M", "P1Y", "P1DT1H", "P1MT30M"])
+def test_a_calendar_interval_on_a_fixed_offset_holds_one_a_day_as_its_occurrences_say(interval, timezone):
+    rule = Rule(datetime(2026, 3, 28, 23, 59, tzinfo=UTC), interval=interval, timezone=timezone)
+    assert limits.series_daily_peak(rule) == limits.sampled_peak(rule) == 1
+
+
+def test_the_zones_taken_as_fixed_offsets_never_change_their_offset():
+    fixed = [name for name in sorted(zoneinfo.available_timezones()) if limits.fixed_offset(name)]
+    assert "UTC" in fixed and "Etc/GMT+5" in fixed and "Europe/Berlin" not in fixed
+    instants = [datetime(year, month, 1, tzinfo=UTC) for year in range(1970, 2100, 3) for month in (1, 4, 7, 10)]
+    for name in fixed:
+        zone = zoneinfo.ZoneInfo(name)
+        assert len({moment.astimezone(zone).utcoffset() for moment in instants}) == 1, name
 
 
 # --- Races: two real connections at the cap -------------------------------------------------

@@ -17,8 +17,9 @@ from payouts.payees import payee_delete
 from recurring.services import recurring_create, recurring_generate_due
 from tests.concurrency import Racers
 from tests.factories import due_payout, funded_account, payee_for, work_payouts
+from tests.scale import scaled
 
-ROUNDS = 100
+ROUNDS = scaled(100)
 
 
 def schedule_payout(*, source, payee):

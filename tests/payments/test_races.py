@@ -20,6 +20,7 @@ from payments.reconciliation import reconcile
 from payments.services import payment_cancel
 from tests.concurrency import Racers
 from tests.factories import bulk_due_payments, due_payment, expire_lease, funded_account
+from tests.scale import scaled
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -37,11 +38,14 @@ def event_kinds(payment) -> list[str]:
     return list(PaymentEvent.objects.filter(payment=payment).order_by("id").values_list("kind", flat=True))
 
 
+CANCEL_ROUNDS, EXECUTE_ROUNDS, STALE_ROUNDS, FUNDS_ROUNDS = scaled(500), scaled(200), scaled(200), scaled(100)
+
+
 def test_cancel_racing_claim_500_times_has_one_winner_and_a_truthful_loser():
     a, b = funded_account(), funded_account()
     wins = {"cancel": 0, "claim": 0}
     with Racers(2) as racers:
-        for _ in range(500):
+        for _ in range(CANCEL_ROUNDS):
             payment = due_payment(source=a, target=b, amount=1)
             cancel, claim = racers.run(
                 partial(cancel_answer, payment.id, a.owner), partial(claim_due, batch=10, lease_seconds=60)
@@ -63,7 +67,7 @@ def test_cancel_racing_claim_500_times_has_one_winner_and_a_truthful_loser():
                 assert len(claim) == 0
                 assert (payment.status, payment.attempt) == (PaymentStatus.CANCELLED, 0)
                 assert event_kinds(payment) == ["created", "cancelled"]
-    assert sum(wins.values()) == 500, wins
+    assert sum(wins.values()) == CANCEL_ROUNDS, wins
 
 
 def drain(*, batch: int) -> list[tuple[str, int]]:
@@ -112,7 +116,7 @@ def test_four_promoters_drain_20000_due_payments_claiming_each_once_per_attempt(
 def test_two_workers_executing_the_same_attempt_at_once_make_one_transfer():
     a, b = funded_account(balance=10_000), funded_account()
     with Racers(2) as racers:
-        for _ in range(200):
+        for _ in range(EXECUTE_ROUNDS):
             payment = due_payment(source=a, target=b, amount=7)
             pairs = claim_due(batch=10, lease_seconds=60).fresh
             first, second = racers.run(partial(execute_batch, pairs=pairs), partial(execute_batch, pairs=pairs))
@@ -133,7 +137,7 @@ def test_two_workers_executing_the_same_attempt_at_once_make_one_transfer():
             assert sorted(executed) == sorted(pid for pid, _ in pairs)
             assert sorted(left.stale + right.stale) == sorted(pairs[20:40])
     a.refresh_from_db()
-    assert a.balance == 10_000 - 200 * 7 - 600
+    assert a.balance == 10_000 - EXECUTE_ROUNDS * 7 - 600
     assert reconcile().ok
 
 
@@ -147,7 +151,7 @@ def test_stale_attempt_result_racing_a_reclaim_is_rejected_and_audited():
     a, b = funded_account(balance=10_000), funded_account()
     superseded = 0
     with Racers(2) as racers:
-        for _ in range(200):
+        for _ in range(STALE_ROUNDS):
             payment = due_payment(source=a, target=b, amount=3)
             claim_due(batch=10, lease_seconds=60)
             expire_lease(payment)  # its worker stalled past the lease...
@@ -170,19 +174,19 @@ def test_stale_attempt_result_racing_a_reclaim_is_rejected_and_audited():
                 stale = ExecutionAttempt.objects.get(payment=payment, attempt=1)
                 assert "superseded" in stale.error
     a.refresh_from_db()
-    assert a.balance == 10_000 - 200 * 3
+    assert a.balance == 10_000 - STALE_ROUNDS * 3
     assert reconcile().ok
 
 
 def test_concurrent_deposits_and_payments_never_take_a_balance_below_zero():
     a, b = funded_account(balance=0), funded_account()
-    for _ in range(400):
+    for _ in range(4 * FUNDS_ROUNDS):
         due_payment(source=a, target=b, amount=15)
     pairs = claim_due(batch=1000, lease_seconds=600).fresh
     deposited = moved = 0
     refused = 0
     with Racers(6) as racers:
-        for round_ in range(100):
+        for round_ in range(FUNDS_ROUNDS):
             mine = pairs[4 * round_:4 * round_ + 4]
             results = racers.run(
                 partial(ledger_deposit, key=f"dep-{round_}-1", account_id=a.id, amount=10),

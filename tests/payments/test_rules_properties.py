@@ -34,6 +34,7 @@ from payments.rules import (
     nth_occurrence,
     occurrences_between,
 )
+from tests.scale import scaled
 
 # The fields a RuleError may name: each is a field of the recurring payment's body.
 FIELDS = {"start_at", "interval", "cron", "timezone", "count", "end_at"}
@@ -161,8 +162,8 @@ def afters(draw, start: datetime) -> datetime:
 
 
 min_intervals = st.sampled_from([0, 1, 60, 3600, 86400])
-PROPERTY = settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
-SMALLER = settings(PROPERTY, max_examples=300)
+PROPERTY = settings(max_examples=scaled(600), suppress_health_check=[HealthCheck.too_slow])
+SMALLER = settings(PROPERTY, max_examples=scaled(300))
 
 
 def validated(kwargs: dict, min_interval: int) -> Rule | None:
@@ -265,7 +266,7 @@ OUTSIDE_THE_CALENDAR = st.one_of(
 ).map(lambda moment: moment.replace(tzinfo=UTC))
 
 
-@settings(max_examples=200)
+@settings(max_examples=scaled(200))
 @given(kwargs=rule_kwargs(), start_at=OUTSIDE_THE_CALENDAR)
 def test_a_start_outside_the_calendar_is_refused_by_every_entry_point(kwargs, start_at):
     rule = replace(Rule(**kwargs), start_at=start_at)
@@ -326,7 +327,7 @@ def near_a_clock_change(draw) -> tuple[Rule, datetime, int]:
     return Rule(start, interval, cron, zone_name, None, min_gap=min_interval), after, min_interval
 
 
-@settings(PROPERTY, max_examples=300)
+@settings(PROPERTY, max_examples=scaled(300))
 @given(case=near_a_clock_change())
 def test_across_clock_changes_occurrences_stay_strictly_increasing_and_apart(case):
     rule, after, min_interval = case

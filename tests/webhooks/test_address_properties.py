@@ -18,11 +18,12 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from rails import addresses
+from tests.scale import scaled
 from webhooks import dispatcher
 from webhooks.safety import DeliveryRefused, WebhookURLRefused, validate_endpoint_url
 
-PER_NETWORK = hypothesis_settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
-PROPERTY = hypothesis_settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PER_NETWORK = hypothesis_settings(max_examples=scaled(40), suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = hypothesis_settings(max_examples=scaled(200), suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 IPV4_REFUSED = [ipaddress.IPv4Network(n) for n in (
     "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",

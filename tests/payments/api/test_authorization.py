@@ -9,16 +9,18 @@ with the model's view permission and act on them with the act's permission (belo
 every role and route in tests/test_permission_matrix.py).
 """
 
+import copy
 from dataclasses import dataclass
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.db import transaction
 
 from api import urls as api_urls
 from payments.models import PaymentStatus, RecurringPayment, RecurringStatus, ScheduledPayment
 from payouts.payees import payee_create
 from tests.api import assert_error, future, patch, post
-from tests.conftest import client_for
+from tests.conftest import client_for, ensure_system_rows
 from tests.factories import PASSWORD, UserFactory, funded_account
 from webhooks.endpoints import endpoint_create
 from webhooks.models import Delivery, DeliveryStatus, Event
@@ -43,8 +45,23 @@ class World:
         return client_for(self.users[role])
 
 
+@pytest.fixture(scope="module")
+def shared_world(django_db_setup, django_db_blocker):
+    """The world, built once for the module (as Django's setUpTestData): inside a
+    transaction rolled back after the module's last test. Each test runs in a savepoint of
+    it and gets its own copy of the objects, so what one test changes the next never sees."""
+    ensure_system_rows(django_db_blocker)
+    with django_db_blocker.unblock(), transaction.atomic():
+        yield build_world()
+        transaction.set_rollback(True)
+
+
 @pytest.fixture
-def world():
+def world(shared_world) -> World:
+    return copy.deepcopy(shared_world)
+
+
+def build_world() -> World:
     owner, other, staff = UserFactory(), UserFactory(), UserFactory(is_staff=True)
     account, target = funded_account(owner=owner, balance=100), funded_account(owner=other)
     payment = client_for(owner).post(

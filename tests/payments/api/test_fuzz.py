@@ -23,6 +23,7 @@ from ledger.services import account_set_status
 from payments.models import IdempotencyKey, ScheduledPayment
 from tests.api import post
 from tests.factories import funded_account
+from tests.scale import scaled
 
 pytestmark = pytest.mark.django_db
 
@@ -179,7 +180,7 @@ def world(user):
 
 
 @hypothesis_settings(
-    max_examples=300,
+    max_examples=scaled(300),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -27,6 +27,7 @@ from ledger.services import ledger_deposit
 from payments.models import RecurringPayment, ScheduledPayment
 from tests.conftest import client_for
 from tests.factories import UserFactory
+from tests.scale import SCALE, scaled
 from webhooks.models import Delivery, DeliveryStatus, Endpoint, Event
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +41,7 @@ ENDPOINT = "whe_schemathesis_own"
 DELIVERY = 424242
 
 # The stateful phase's budget: scenarios, and calls in each (about a minute in all).
-STATEFUL_SCENARIOS = 40
+STATEFUL_SCENARIOS = scaled(40)
 STATEFUL_STEPS = 8
 
 
@@ -190,7 +191,7 @@ EXCLUDED_CHECKS = [
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @schema.parametrize()
-@hypothesis_settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@hypothesis_settings(max_examples=scaled(30), deadline=None, suppress_health_check=list(HealthCheck))
 def test_api_conforms_to_its_schema(case, token):
     case.call_and_validate(headers={"Authorization": f"Token {token}"}, excluded_checks=EXCLUDED_CHECKS)
 
@@ -207,6 +208,10 @@ def test_every_operation_of_the_served_schema_is_tested():
 # Only the links the schema publishes: schemathesis would also infer some from names
 # (list -> item), which spreads the phase's small budget over chains no client is told of.
 schema.config.phases.stateful.inference.algorithms = []
+# The coverage phase (each parameter's boundary and wrong-type values, a fixed set of about
+# 13 s here whatever max_examples says) runs in full runs only: make test-fast leaves it
+# to make test (tests/scale.py).
+schema.config.phases.coverage.enabled = SCALE == 1
 
 
 class Workflows(schema.as_state_machine()):
