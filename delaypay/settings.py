@@ -406,6 +406,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
         "options": {"queue": "execute", "expires": 60},
     },
+    # Idempotency-Key records past their 24 hours (payments/idempotency.py), in batches of
+    # 10,000 rows: the table stays about a day of creates, with no cron to set up.
+    "purge-idempotency-keys": {
+        "task": "payments.tasks.purge_idempotency_keys",
+        "schedule": 3600.0,
+        "options": {"queue": "execute", "expires": 3600},
+    },
     # API tokens past their lifetime (api/tokens.py), of users who never sign in
     # again: issuing a token deletes only its own user's.
     "purge-expired-tokens": {

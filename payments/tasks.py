@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from common.backoff import TASK_RETRY
-from payments import execution, metrics, partitions, promoter, reconciliation
+from payments import execution, idempotency, metrics, partitions, promoter, reconciliation
 
 from .worker import TRANSIENT_ERRORS, run_batch
 
@@ -34,6 +34,12 @@ def promoter_tick(shard: int = 0, shards: int = 1) -> dict:
 def purge_start_markers() -> dict:
     """Delete the executor's start markers no attempt needs any more (beat: every minute)."""
     return {"deleted": execution.purge_start_markers()}
+
+
+@shared_task(name="payments.tasks.purge_idempotency_keys", ignore_result=True)
+def purge_idempotency_keys() -> dict:
+    """Delete Idempotency-Key records past their 24 hours (beat: hourly)."""
+    return {"deleted": idempotency.idempotency_keys_purge()}
 
 
 @shared_task(name="payments.tasks.ensure_partitions", ignore_result=True)

@@ -228,6 +228,7 @@ def test_the_tasks_keep_their_names_wherever_they_live():
     assert names == {
         "payments.tasks.promoter_tick", "payments.tasks.execute_batch", "payments.tasks.execute_payouts",
         "payments.tasks.purge_start_markers", "payments.tasks.purge_expired_tokens",
+        "payments.tasks.purge_idempotency_keys",
         "payments.tasks.ensure_partitions", "payments.tasks.archive_partitions", "payments.tasks.reconcile_daily",
         "payments.tasks.reconcile_settlement_daily", "webhooks.tasks.dispatch",
     }

@@ -91,3 +91,21 @@ def test_the_threat_model_names_only_what_exists():
         assert f"`{code}`" in page and code in ERROR_CODES
     for command in re.findall(r"manage\.py (\w+)", page):
         assert list(ROOT.glob(f"*/management/commands/{command}.py")), command
+
+
+def test_every_task_and_beat_entry_the_docs_name_exists():
+    """A task (`payments.tasks.X`) or a beat entry (`purge-idempotency-keys` entry) in the
+    docs is one the code has; and the housekeeping the docs promise needs no cron: every
+    purge in the beat schedule is in the operations reference."""
+    from delaypay.celery import app
+
+    app.loader.import_default_modules()
+    text = "\n".join(page.read_text() for page in DOCS.rglob("*.md"))
+    tasks = set(re.findall(r"`((?:payments|webhooks)\.tasks\.\w+)`", text))
+    entries = set(re.findall(r"`([a-z]+(?:-[a-z]+)+)` entry", text))
+    assert tasks and entries
+    assert not sorted(tasks - set(app.tasks)), "tasks the docs name that do not exist"
+    assert not sorted(entries - set(settings.CELERY_BEAT_SCHEDULE)), "beat entries the docs name that do not exist"
+    operations = (DOCS / "reference" / "operations.md").read_text()
+    purges = [name for name in settings.CELERY_BEAT_SCHEDULE if name.startswith("purge-")]
+    assert purges and not [name for name in purges if f"`{name}` entry" not in operations]

@@ -1,6 +1,7 @@
 """Delete Idempotency-Key records older than the retention (24 hours at least).
 
-Run it from cron or any scheduler, e.g. hourly: ``python manage.py purge_idempotency_keys``.
+Beat runs the same purge hourly (``payments.tasks.purge_idempotency_keys``); the command
+is for a purge by hand, or with a retention longer than 24 hours.
 """
 
 from datetime import timedelta

@@ -7,6 +7,7 @@ from datetime import timedelta
 from functools import partial
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 
@@ -223,6 +224,21 @@ def test_purge_command_deletes_keys_older_than_24_hours_only(api, accounts):
     assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["k2"]
     # A purged key is free again: a new request with it creates a new payment.
     assert "Idempotent-Replayed" not in post(api, URL, payment_body(*accounts, amount=1), key="k0")
+
+
+@pytest.mark.django_db
+def test_beat_purges_the_keys_hourly_without_a_cron(api, accounts):
+    from payments import tasks
+
+    entry = settings.CELERY_BEAT_SCHEDULE["purge-idempotency-keys"]
+    assert (entry["task"], entry["schedule"], entry["options"]["queue"]) == (
+        tasks.purge_idempotency_keys.name, 3600.0, "execute")
+    for i in range(2):
+        assert post(api, URL, payment_body(*accounts, amount=i + 1), key=f"k{i}").status_code == 201
+    with connection.cursor() as cur:
+        cur.execute("UPDATE payments_idempotencykey SET created_at = now() - interval '25 hours' WHERE key = 'k0'")
+    assert tasks.purge_idempotency_keys() == {"deleted": 1}
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["k1"]
 
 
 @pytest.mark.django_db
