@@ -155,3 +155,27 @@ def database_now(cur=None, *, clock: bool = False) -> datetime:
     with connection.cursor() as own:
         own.execute(statement)
         return own.fetchone()[0]
+
+
+def set_migration_lock_timeout(sender, *, using: str, **kwargs) -> None:
+    """pre_migrate: each statement of ``migrate`` waits at most
+    DELAYPAY_MIGRATION_LOCK_TIMEOUT_SECONDS for a lock and then fails (run the release
+    again), so a migration that queues behind a long transaction never queues the money
+    path behind itself. On the migration's session: PGOPTIONS cannot do it, since the
+    database settings pass libpq's ``options`` (jit, idle_in_transaction_session_timeout),
+    which wins over PGOPTIONS."""
+    from django.conf import settings
+    from django.db import connections
+
+    milliseconds = int(settings.DELAYPAY_MIGRATION_LOCK_TIMEOUT_SECONDS * 1000)
+    with connections[using].cursor() as cur:
+        cur.execute("SELECT set_config('lock_timeout', %s, false)", [f"{milliseconds}ms"])
+
+
+def reset_lock_timeout(sender, *, using: str, **kwargs) -> None:
+    """post_migrate: the session's lock_timeout back to the server's default (a test run
+    migrates the test database on the connection its tests then use)."""
+    from django.db import connections
+
+    with connections[using].cursor() as cur:
+        cur.execute("RESET lock_timeout")

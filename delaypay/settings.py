@@ -120,6 +120,12 @@ _database_options["options"] = session_options(
         "idle_in_transaction_session_timeout": str(int(env.float("DELAYPAY_LEASE_SECONDS", default=60.0) * 1000)),
     },
 )
+# How long each statement of `migrate` waits for a lock before it fails (0: no limit).
+# A migration queued behind a long transaction would otherwise queue every statement of
+# the money path behind itself (common/db.py, set_migration_lock_timeout).
+DELAYPAY_MIGRATION_LOCK_TIMEOUT_SECONDS = env.float("DELAYPAY_MIGRATION_LOCK_TIMEOUT_SECONDS", default=5.0)
+if not 0 <= DELAYPAY_MIGRATION_LOCK_TIMEOUT_SECONDS <= 3600:
+    raise ImproperlyConfigured("DELAYPAY_MIGRATION_LOCK_TIMEOUT_SECONDS must be between 0 and 3600.")
 DATABASES["default"].setdefault("TEST", {})
 if env("DJANGO_TEST_DATABASE_NAME", default=""):
     DATABASES["default"]["TEST"]["NAME"] = env("DJANGO_TEST_DATABASE_NAME")
