@@ -27,6 +27,7 @@ from ledger.services import (
     ReasonRequired,
     SelfApprovalForbidden,
 )
+from payments import metrics
 from payments.exceptions import (
     AccountNotFound,
     ActiveSeriesLimit,
@@ -220,6 +221,7 @@ def exception_handler(exc, context):
         # Not a bug: the database is down or restarting, or it rolled this request back.
         # The transaction is gone, so nothing was written; the client may retry.
         set_rollback()
+        metrics.record_database_unavailable()
         logger.warning("database unavailable", extra={"error": type(exc).__name__, "error_detail": str(exc)[:300]})
         return Response(error_body("database_unavailable", "The database is not available; retry shortly.",
                                    retry_after=DATABASE_RETRY_AFTER),

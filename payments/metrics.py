@@ -45,6 +45,11 @@ executed_total = Counter(
 transient_errors_total = Counter(
     "delaypay_batch_transient_errors", "Batches rolled back by a transient database error (then retried)."
 )
+api_database_unavailable_total = Counter(
+    "delaypay_api_database_unavailable",
+    "API requests answered 503 database_unavailable: the primary refused or dropped the connection "
+    "(a failover, a restart); nothing was written and the client retries.",
+)
 limit_refusals_total = Counter(
     "delaypay_limit_refusals",
     "Creates and changes refused by a per-user limit or for paying a system account, by code.",
@@ -195,6 +200,10 @@ def record_error() -> None:
 
 def record_transient_error() -> None:
     transient_errors_total.inc()
+
+
+def record_database_unavailable() -> None:
+    api_database_unavailable_total.inc()
 
 
 def record_limit_refusal(code: str) -> None:
