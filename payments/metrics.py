@@ -118,6 +118,7 @@ for _reason in ("lock_timeout", "deadlock", "serialization", "timeout", "databas
     recurring_generation_failures_total.labels(reason=_reason)
 for _rail in RAIL_NAMES:
     for _call in ("submit", "lookup"):
+        rail_call_seconds.labels(rail=_rail, call=_call)  # DelaypayRailSlow reads its buckets
         for _outcome in ("paid", "declined", "not_found", "unknown"):
             rail_calls_total.labels(rail=_rail, call=_call, outcome=_outcome)
 for _code in ("limit_pending_payments", "limit_active_series", "limit_daily_outflow", "system_account"):
