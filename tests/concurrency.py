@@ -12,6 +12,16 @@ import pytest
 from django.db import connections
 
 
+def other_session():
+    """A second session to the test database, as another client's: Django's own
+    ``get_new_connection`` with the default connection's parameters, in autocommit."""
+    from django.db import connection
+
+    session = connection.get_new_connection(connection.get_connection_params())
+    session.autocommit = True
+    return session
+
+
 def run_concurrently(*calls: Callable[[], object]) -> list[object]:
     """Start every call in its own thread at the same instant (a barrier), each with its
     own database connection; return each call's result or the exception it raised."""

@@ -94,9 +94,9 @@ def collect_static_if_changed() -> None:
     from django.contrib.staticfiles.finders import get_finders
 
     seen = sorted(
-        f"{prefix}{path} {os.stat(storage.path(path)).st_size} {os.stat(storage.path(path)).st_mtime_ns}"
+        f"{getattr(storage, 'prefix', None) or ''}{path} {stat.st_size} {stat.st_mtime_ns}"
         for finder in get_finders() for path, storage in finder.list([])
-        for prefix in [getattr(storage, "prefix", None) or ""]
+        for stat in [os.stat(storage.path(path))]
     )
     stamp = Path(settings.BASE_DIR) / "var" / "test-static-sources"
     fingerprint = "\n".join(seen)

@@ -4,23 +4,19 @@ session it ran on is back to no limit afterwards."""
 
 import time
 
-import psycopg
 import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.sql import emit_post_migrate_signal, emit_pre_migrate_signal
 from django.db import OperationalError, connection
 
+from tests.concurrency import other_session
+
 
 def lock_timeout() -> str:
     with connection.cursor() as cur:
         cur.execute("SHOW lock_timeout")
         return cur.fetchone()[0]
-
-
-def other_session():
-    params = connection.get_connection_params()
-    return psycopg.connect(**{k: v for k, v in params.items() if k in {"dbname", "user", "host", "port", "password"}})
 
 
 @pytest.mark.django_db(transaction=True)

@@ -5,12 +5,12 @@ the retry with the same Idempotency-Key makes exactly one payment. Real PostgreS
 backend is terminated by pg_terminate_backend from another session, as a primary's death
 ends it."""
 
-import psycopg
 import pytest
 from django.db import close_old_connections, connection
 
 from payments.models import IdempotencyKey, ScheduledPayment
 from tests.api import assert_error, payment_body, post
+from tests.concurrency import other_session
 from tests.factories import funded_account
 from tests.ops.scrape import delta, scrape
 
@@ -29,9 +29,7 @@ def request(send, *args, **kwargs):
 
 
 def terminate(pid: int) -> None:
-    params = connection.get_connection_params()
-    with psycopg.connect(**{k: v for k, v in params.items() if k in {"dbname", "user", "host", "port", "password"}},
-                         autocommit=True) as other:
+    with other_session() as other:
         other.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])
 
 
