@@ -132,8 +132,10 @@ def wait_until(predicate, *, timeout: float, stack=None, what: str = "condition"
         if predicate():
             return
         time.sleep(0.2)
+    # Stacks first: a long failure is cut in the middle by whatever shows it, and where each
+    # process is stuck says more than the end of its log.
     logs = "".join(f"\n--- {name}.log ---\n{stack.log(name)[-4000:]}" for name in stack.procs) if stack else ""
-    pytest.fail(f"timed out after {timeout}s waiting for {what}{logs}{python_stacks(stack) if stack else ''}")
+    pytest.fail(f"timed out after {timeout}s waiting for {what}{python_stacks(stack) if stack else ''}{logs}")
 
 
 def python_stacks(stack) -> str:
