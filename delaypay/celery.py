@@ -73,6 +73,15 @@ def _use_django_logging(**_kwargs):
 
 
 @worker_init.connect
+def _cut_commands_a_frozen_primary_never_answers(**_kwargs):
+    # Every worker process (and each prefork child after the fork) gives up on a command
+    # its database has not answered within the deadline (common/db_deadline.py).
+    from common import db_deadline
+
+    db_deadline.install()
+
+
+@worker_init.connect
 def _survive_broker_restarts(**_kwargs):
     # Workaround: with Celery 5.7.0 / kombu 5.7.0 (the newest releases) a worker, or the
     # promoter, exits when Redis restarts while one of its tasks is in flight (acks_late):

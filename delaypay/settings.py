@@ -120,6 +120,16 @@ _database_options["options"] = session_options(
         "idle_in_transaction_session_timeout": str(int(env.float("DELAYPAY_LEASE_SECONDS", default=60.0) * 1000)),
     },
 )
+# A server that stops answering without closing its connections (a frozen primary) is
+# given up on by the client: connecting waits at most connect_timeout seconds per host
+# of the URL (libpq; a URL's own value wins), and in the serving processes a command
+# busy for DELAYPAY_DB_COMMAND_DEADLINE_SECONDS has its socket shut down
+# (common/db_deadline.py; 0: never). Above any command the product sends, lock waits
+# included; manage.py commands (migrate) are never cut.
+_database_options.setdefault("connect_timeout", env.int("DELAYPAY_DB_CONNECT_TIMEOUT_SECONDS", default=5))
+DELAYPAY_DB_COMMAND_DEADLINE_SECONDS = env.float("DELAYPAY_DB_COMMAND_DEADLINE_SECONDS", default=30.0)
+if not 0 <= DELAYPAY_DB_COMMAND_DEADLINE_SECONDS <= 3600:
+    raise ImproperlyConfigured("DELAYPAY_DB_COMMAND_DEADLINE_SECONDS must be between 0 and 3600.")
 # How long each statement of `migrate` waits for a lock before it fails (0: no limit).
 # A migration queued behind a long transaction would otherwise queue every statement of
 # the money path behind itself (common/db.py, set_migration_lock_timeout).

@@ -24,6 +24,11 @@ django_application = get_wsgi_application()
 
 from django.conf import settings  # noqa: E402  (configured by get_wsgi_application)
 
+from common import db_deadline  # noqa: E402
+
+# A frozen primary must not hold a web thread for ever (common/db_deadline.py).
+db_deadline.install()
+
 
 def body_limit(environ) -> int:
     if environ.get("PATH_INFO", "").startswith("/api/"):

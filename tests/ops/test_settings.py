@@ -103,20 +103,23 @@ def test_a_setting_the_url_options_make_wins():
 def test_settings_merge_the_url_options(monkeypatch):
     loaded = load_settings(
         monkeypatch,
-        DATABASE_URL="postgres://u@db.internal:5432/pay?options=-c%20search_path%3Dapp&sslmode=require",
+        DATABASE_URL="postgres://u@db.internal:5432/pay?options=-c%20search_path%3Dapp&sslmode=require"
+        "&connect_timeout=9",
         DELAYPAY_LEASE_SECONDS="42",
     )
     options = loaded["DATABASES"]["default"]["OPTIONS"]
     assert options == {
         "options": "-c search_path=app -c jit=off -c idle_in_transaction_session_timeout=42000",
         "sslmode": "require",
+        "connect_timeout": 9,  # the URL's own wins
     }
 
 
 def test_settings_without_url_options(monkeypatch):
     loaded = load_settings(monkeypatch, DATABASE_URL="postgres://u@db.internal:5432/pay", DELAYPAY_LEASE_SECONDS="42")
     assert loaded["DATABASES"]["default"]["OPTIONS"] == {
-        "options": "-c jit=off -c idle_in_transaction_session_timeout=42000"
+        "options": "-c jit=off -c idle_in_transaction_session_timeout=42000",
+        "connect_timeout": 5,  # DELAYPAY_DB_CONNECT_TIMEOUT_SECONDS: a frozen host is given up on
     }
 
 
