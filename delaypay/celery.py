@@ -100,18 +100,24 @@ def _survive_broker_restarts(**_kwargs):
     # is lost: a restarted Redis forgot the message; one that kept it redelivers it after
     # the visibility timeout, and the attempt fence makes that a no-op.
     # tests/e2e/test_broker_restart.py restarts Redis under such a task.
+    # Behind Sentinel the channel is kombu's SentinelChannel, whose pool is built by
+    # _sentinel_managed_pool from _connparams and then transport.client.alt: kombu 5.7's
+    # inherits Channel's _connparams, so the guard covers it; a release that gives it its
+    # own gets the same guard (tests/ops/test_broker_guard.py checks both).
     from kombu.transport import redis as kombu_redis
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    connparams = kombu_redis.Channel._connparams
-    if getattr(connparams, "delaypay_guard", False):
-        return
+    def guarded(connparams):
+        @functools.wraps(connparams)
+        def _connparams(channel, *args, **kwargs):
+            if channel.connection is None or channel.connection.client is None:
+                raise RedisConnectionError("this channel's broker connection was closed")
+            return connparams(channel, *args, **kwargs)
 
-    @functools.wraps(connparams)
-    def _connparams(channel, *args, **kwargs):
-        if channel.connection is None or channel.connection.client is None:
-            raise RedisConnectionError("this channel's broker connection was closed")
-        return connparams(channel, *args, **kwargs)
+        _connparams.delaypay_guard = True
+        return _connparams
 
-    _connparams.delaypay_guard = True
-    kombu_redis.Channel._connparams = _connparams
+    for channel_class in (kombu_redis.Channel, kombu_redis.SentinelChannel):
+        connparams = vars(channel_class).get("_connparams")
+        if connparams is not None and not getattr(connparams, "delaypay_guard", False):
+            channel_class._connparams = guarded(connparams)

@@ -12,6 +12,7 @@ from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 import delaypay
+from common import redis_url
 from delaypay.db_options import session_options
 from delaypay.logs import logging_config
 
@@ -329,7 +330,19 @@ SPECTACULAR_SETTINGS = {
 
 # --- Redis: Celery's transport and the throttle cache, never truth -----------------
 
+# A plain redis:// URL, or kombu's Sentinel form (sentinel://host:port/db;sentinel://...),
+# whose master is found by name: every Redis client of the product (Celery, the cache,
+# common/broker.py's probes and queue reads) is built from it by common/redis_url.py.
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+DELAYPAY_REDIS_SENTINEL_MASTER = env("DELAYPAY_REDIS_SENTINEL_MASTER", default="delaypay")
+DELAYPAY_REDIS_SENTINEL_PASSWORD = env("DELAYPAY_REDIS_SENTINEL_PASSWORD", default="")
+DELAYPAY_CACHE_URL = env("DELAYPAY_CACHE_URL", default=REDIS_URL)
+for _name, _url in (("REDIS_URL", REDIS_URL), ("DELAYPAY_CACHE_URL", DELAYPAY_CACHE_URL)):
+    try:
+        if redis_url.parse_sentinel_url(_url) and not DELAYPAY_REDIS_SENTINEL_MASTER:
+            raise ValueError("a Sentinel URL needs DELAYPAY_REDIS_SENTINEL_MASTER, the master's name")
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{_name}: {exc}") from None
 CELERY_BROKER_URL = REDIS_URL
 
 # Throttle counters live here, shared by every web process (a per-process memory cache
@@ -337,9 +350,13 @@ CELERY_BROKER_URL = REDIS_URL
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
-        "LOCATION": env("DELAYPAY_CACHE_URL", default=REDIS_URL),
         "KEY_PREFIX": "delaypay",
-        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+        **redis_url.cache_settings(
+            DELAYPAY_CACHE_URL,
+            master_name=DELAYPAY_REDIS_SENTINEL_MASTER,
+            sentinel_password=DELAYPAY_REDIS_SENTINEL_PASSWORD,
+            options={"socket_connect_timeout": 1, "socket_timeout": 1},
+        ),
     }
 }
 
@@ -365,18 +382,25 @@ CELERY_TASK_ROUTES = {
     "webhooks.tasks.dispatch": {"queue": "webhooks"},
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {
-    # Above the worst batch time by a wide margin; a message whose worker vanished
-    # comes back after this, by when the lease has long expired and it is stale.
-    "visibility_timeout": env.int("DELAYPAY_VISIBILITY_TIMEOUT", default=600),
-    # Publishing must fail fast when Redis is down, not hang the promoter's tick.
-    "max_retries": 2,
-    "interval_start": 0,
-    "interval_step": 0.2,
-    "interval_max": 0.5,
-    "socket_timeout": 5,
-    "socket_connect_timeout": 2,
-}
+# With a Sentinel REDIS_URL, kombu's "sentinel" transport: the master's name and the
+# sentinels' connection options (these timeouts, the password) are added.
+CELERY_BROKER_TRANSPORT_OPTIONS = redis_url.broker_transport_options(
+    REDIS_URL,
+    master_name=DELAYPAY_REDIS_SENTINEL_MASTER,
+    sentinel_password=DELAYPAY_REDIS_SENTINEL_PASSWORD,
+    options={
+        # Above the worst batch time by a wide margin; a message whose worker vanished
+        # comes back after this, by when the lease has long expired and it is stale.
+        "visibility_timeout": env.int("DELAYPAY_VISIBILITY_TIMEOUT", default=600),
+        # Publishing must fail fast when Redis is down, not hang the promoter's tick.
+        "max_retries": 2,
+        "interval_start": 0,
+        "interval_step": 0.2,
+        "interval_max": 0.5,
+        "socket_timeout": 5,
+        "socket_connect_timeout": 2,
+    },
+)
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_WORKER_SEND_TASK_EVENTS = False
 # Celery's Django fixup closes the database connection around every task unless this

@@ -65,6 +65,9 @@ class Stack:
             "DJANGO_SETTINGS_MODULE": "delaypay.settings",
             "DATABASE_URL": database_url(),
             "REDIS_URL": settings.REDIS_URL,
+            # A sentinel:// REDIS_URL is read with these (common/redis_url.py).
+            "DELAYPAY_REDIS_SENTINEL_MASTER": settings.DELAYPAY_REDIS_SENTINEL_MASTER,
+            "DELAYPAY_REDIS_SENTINEL_PASSWORD": settings.DELAYPAY_REDIS_SENTINEL_PASSWORD,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONUNBUFFERED": "1",
             **(env or {}),

@@ -138,6 +138,17 @@ def wait_until(predicate, *, timeout: float, stack=None, what: str = "condition"
     pytest.fail(f"timed out after {timeout}s waiting for {what}{python_stacks(stack) if stack else ''}{logs}")
 
 
+def assert_still_running(stack, pids: dict[str, int]) -> None:
+    """Fail at once if a process of the stack exited or was replaced (``pids``: name to pid
+    when it started), or is about to exit: a worker whose consumer gave up ("Unrecoverable
+    error") waits for its running tasks before it exits."""
+    gone = {name: proc.returncode for name, proc in stack.procs.items() if proc.poll() is not None}
+    gone |= {name: "exiting" for name in stack.procs if "Unrecoverable error" in stack.log(name)}
+    if gone or {name: proc.pid for name, proc in stack.procs.items()} != pids:
+        logs = "".join(f"\n--- {name}.log ---\n{stack.log(name)[-6000:]}" for name in gone)
+        pytest.fail(f"processes exited or exiting: {gone}{logs}")
+
+
 def python_stacks(stack) -> str:
     """Every thread's Python stack in each of the stack's live processes (``py-spy dump``),
     so that a wait that timed out says where each process was, not only what it logged."""

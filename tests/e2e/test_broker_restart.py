@@ -27,7 +27,7 @@ import pytest
 from devtools.processes import Stack, database_url
 from payments.models import PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
-from tests.concurrency import wait_for_lock_waiters, wait_until
+from tests.concurrency import assert_still_running, wait_for_lock_waiters, wait_until
 from tests.factories import due_payment, funded_account
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -54,16 +54,6 @@ def stack(private_redis, tmp_path):
 
 def executed(payment) -> bool:
     return ScheduledPayment.objects.get(pk=payment.pk).status == PaymentStatus.EXECUTED
-
-
-def assert_still_running(stack: Stack, pids: dict[str, int]) -> None:
-    """Fail at once if a process exited, or is about to: a worker whose consumer gave up
-    ("Unrecoverable error") waits for its running tasks before it exits."""
-    gone = {name: proc.returncode for name, proc in stack.procs.items() if proc.poll() is not None}
-    gone |= {name: "exiting" for name in stack.procs if "Unrecoverable error" in stack.log(name)}
-    if gone or {name: proc.pid for name, proc in stack.procs.items()} != pids:
-        logs = "".join(f"\n--- {name}.log ---\n{stack.log(name)[-6000:]}" for name in gone)
-        pytest.fail(f"processes exited or exiting: {gone}{logs}")
 
 
 def reconnecting(stack: Stack, pids: dict[str, int], before: dict[str, int]) -> bool:

@@ -114,6 +114,36 @@ def stop(down: str, directory: Path) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+@dataclass
+class RedisSet:
+    """A Redis master, its replica and three sentinels (devtools.ha redis-up)."""
+
+    directory: Path
+    base_port: int
+    url: str  # the sentinels' URL, kombu's form
+
+    @property
+    def layout(self) -> ha.RedisLayout:
+        return ha.RedisLayout(self.directory, self.base_port)
+
+    def heal(self) -> None:
+        """Start again what a test killed (it returns as a replica of the current master)
+        and wait until the sentinels agree on a master and a healthy replica."""
+        done = run_devtools("redis-up", "--dir", str(self.directory), "--base-port", str(self.base_port))
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def redis_set(request):
+    """A Redis set for the module, on five ports from the module's ``REDIS_BASE_PORT`` up
+    (each module its own range, so that two modules never race for the same ports);
+    stopped and removed at the end."""
+    require("redis-server", "redis-server")
+    with started("redis-up", "redis-down", "REDIS_SENTINEL_URL", ports=5,
+                 preferred_port=request.module.REDIS_BASE_PORT) as (directory, base_port, url):
+        yield RedisSet(directory, base_port, url)
+
+
 @pytest.fixture(scope="module")
 def pg_cluster():
     require("pg_autoctl", "postgresql-15-auto-failover")

@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import kombu
 import pytest
@@ -18,30 +17,10 @@ from redis.sentinel import Sentinel
 from devtools import ha
 from tests.replica.conftest import poll
 
-from .conftest import require, run_devtools, started
-
 pytestmark = pytest.mark.ha
 FAILOVER_BUDGET = 30.0
+REDIS_BASE_PORT = 56700  # the module's Redis set (conftest.py, redis_set)
 WAIT_MS = 500
-
-
-@dataclass
-class RedisSet:
-    directory: Path
-    base_port: int
-    url: str
-
-    @property
-    def layout(self) -> ha.RedisLayout:
-        return ha.RedisLayout(self.directory, self.base_port)
-
-
-@pytest.fixture(scope="module")
-def redis_set():
-    require("redis-server", "redis-server")
-    with started("redis-up", "redis-down", "REDIS_SENTINEL_URL", ports=5, preferred_port=56700) as (
-            directory, base_port, url):
-        yield RedisSet(directory, base_port, url)
 
 
 def test_the_printed_url_is_a_celery_broker_url(redis_set):
@@ -110,8 +89,7 @@ def test_the_replica_takes_over_and_keeps_what_was_acknowledged(redis_set):
                           timeout=10, what="Sentinel naming a new master")
         acked_before = [n for n, _, answered in writer.acked if answered < killed_at]
         # The old master comes back (redis-up again) as a replica of the new one.
-        restarted = run_devtools("redis-up", "--dir", str(redis_set.directory), "--base-port", str(redis_set.base_port))
-        assert restarted.returncode == 0, restarted.stderr[-3000:]
+        redis_set.heal()
         poll(lambda: any(answered > time.monotonic() - 1 for _, _, answered in writer.acked[-5:]), timeout=20,
              what="writes acknowledged by a replica again")
     finally:

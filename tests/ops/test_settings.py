@@ -180,3 +180,44 @@ def test_token_lifetime_and_lockout_come_from_the_environment(monkeypatch):
 def test_a_zero_or_negative_value_is_refused(monkeypatch, name, value):
     with pytest.raises(ImproperlyConfigured, match=name):
         load_settings(monkeypatch, **{name: value})
+
+
+# --- Redis, plain or behind Sentinel ------------------------------------------------------------
+
+SENTINEL_URL = "sentinel://127.0.0.1:26379/1;sentinel://127.0.0.1:26380/1"
+
+
+def test_a_plain_redis_url_configures_celery_and_the_cache_as_before(monkeypatch):
+    monkeypatch.delenv("DELAYPAY_CACHE_URL", raising=False)
+    loaded = load_settings(monkeypatch, REDIS_URL="redis://127.0.0.1:6379/4")
+    assert loaded["CELERY_BROKER_URL"] == "redis://127.0.0.1:6379/4"
+    assert "master_name" not in loaded["CELERY_BROKER_TRANSPORT_OPTIONS"]
+    assert loaded["CELERY_BROKER_TRANSPORT_OPTIONS"]["max_retries"] == 2
+    cache = loaded["CACHES"]["default"]
+    assert (cache["LOCATION"], cache["OPTIONS"]) == (
+        "redis://127.0.0.1:6379/4", {"socket_connect_timeout": 1, "socket_timeout": 1})
+
+
+def test_a_sentinel_url_configures_celery_and_the_cache_for_the_named_master(monkeypatch):
+    monkeypatch.delenv("DELAYPAY_CACHE_URL", raising=False)
+    monkeypatch.delenv("DELAYPAY_REDIS_SENTINEL_MASTER", raising=False)
+    loaded = load_settings(monkeypatch, REDIS_URL=SENTINEL_URL, DELAYPAY_REDIS_SENTINEL_PASSWORD="spw")
+    assert loaded["CELERY_BROKER_URL"] == SENTINEL_URL
+    options = loaded["CELERY_BROKER_TRANSPORT_OPTIONS"]
+    assert options["master_name"] == "delaypay"  # the default name
+    assert options["sentinel_kwargs"] == {"socket_timeout": 5, "socket_connect_timeout": 2, "password": "spw"}
+    assert (options["max_retries"], options["interval_max"]) == (2, 0.5)  # publishing still fails fast
+    cache = loaded["CACHES"]["default"]
+    assert cache["LOCATION"] == [SENTINEL_URL]
+    assert cache["OPTIONS"]["pool_class"] == "common.redis_url.SentinelPool"
+    assert (cache["OPTIONS"]["master_name"], cache["OPTIONS"]["sentinel_password"]) == ("delaypay", "spw")
+
+
+@pytest.mark.parametrize(("environ", "says"), [
+    ({"REDIS_URL": SENTINEL_URL, "DELAYPAY_REDIS_SENTINEL_MASTER": ""}, "REDIS_URL: a Sentinel URL needs"),
+    ({"REDIS_URL": "sentinel://h1:1/0;redis://h2:2/0"}, "REDIS_URL: every part"),
+    ({"DELAYPAY_CACHE_URL": "sentinel://h1:x/0"}, "DELAYPAY_CACHE_URL: .* not a number"),
+])
+def test_a_bad_sentinel_configuration_is_refused_at_start(monkeypatch, environ, says):
+    with pytest.raises(ImproperlyConfigured, match=says):
+        load_settings(monkeypatch, **environ)
