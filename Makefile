@@ -36,7 +36,7 @@ unexport PYTHONDONTWRITEBYTECODE
 METRICS_DIR := $(or $(PROMETHEUS_MULTIPROC_DIR),$(abspath var/prometheus))
 
 .PHONY: run test test-fast test-console screenshots install services browser lint check-deploy flower metrics-dir schema openapi chaos chaos-ci \
-  bench bench-all docs ha-packages test-ha
+  bench bench-all docs ha-packages test-ha chaos-ha
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -108,6 +108,12 @@ ha-packages:
 # two to two and a half minutes, printing the failover times (-s); not part of `make test`.
 test-ha: install ha-packages
 	$(BIN)/pytest -m ha -s tests/ha
+
+# Failover under load (devtools/failover.py): a pg_auto_failover cluster, the real stack and
+# API clients; the primary killed (or frozen, or switched over) during each of five bursts of
+# 10,000 payments. FAILOVER_ARGS adds options (e.g. FAILOVER_ARGS="--mode stop").
+chaos-ha: install ha-packages
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} $(BIN)/python manage.py failover $(FAILOVER_ARGS)
 
 # --dist loadgroup: tests spread one by one over the workers, except the modules marked
 # xdist_group, each kept on one worker (docs/reference/tests.md says why for each).

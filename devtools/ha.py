@@ -594,6 +594,21 @@ def wait_for_new_primary(directory: Path, old: str, timeout: float = 60) -> str:
     return found[-1]
 
 
+def switchover(directory: Path, timeout: float = 120) -> str:
+    """A planned switchover (the monitor's perform_failover, as ``pg_autoctl perform
+    switchover`` asks for it): the primary hands over to the secondary in sync; the new
+    primary."""
+    layout = Layout.load(directory.resolve())
+    old = primary_of(nodes_state(layout))
+    if old is None:
+        raise SandboxError("the monitor reports no primary")
+    with psycopg.connect(layout.dsn(layout.monitor_port, user="postgres", dbname="pg_auto_failover"),
+                         autocommit=True) as conn:
+        conn.execute("SELECT pgautofailover.perform_failover('default', 0)")
+    log(f"switchover from {old} asked of the monitor")
+    return wait_for_new_primary(directory, old, timeout)
+
+
 # --- Redis behind Sentinel --------------------------------------------------------------------
 
 MASTER_NAME = "delaypay"
