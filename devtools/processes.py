@@ -18,9 +18,9 @@ from django.db import connection
 BASE_DIR = Path(settings.BASE_DIR)
 
 
-def procfile() -> dict[str, str]:
+def procfile(base_dir: Path = BASE_DIR) -> dict[str, str]:
     """The Procfile's process types and their command lines."""
-    lines = (BASE_DIR / "Procfile").read_text().splitlines()
+    lines = (base_dir / "Procfile").read_text().splitlines()
     return dict(line.split(":", 1) for line in lines if line.strip() and not line.startswith("#"))
 
 
@@ -57,7 +57,11 @@ def stop_children_on_sigterm() -> None:
 class Stack:
     """A set of delaypay processes sharing one environment and one log directory."""
 
-    def __init__(self, log_dir: Path, *, env: dict[str, str] | None = None):
+    def __init__(self, log_dir: Path, *, env: dict[str, str] | None = None, base_dir: Path = BASE_DIR):
+        """``base_dir``: the code the processes run, by default this checkout's; another
+        release's source tree runs that release (its Procfile, its packages first on the
+        path), as a rolling deploy does."""
+        self.base_dir = Path(base_dir)
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = {
@@ -70,6 +74,7 @@ class Stack:
             "DELAYPAY_REDIS_SENTINEL_PASSWORD": settings.DELAYPAY_REDIS_SENTINEL_PASSWORD,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "PYTHONUNBUFFERED": "1",
+            **({"PYTHONPATH": str(self.base_dir)} if self.base_dir != BASE_DIR else {}),
             **(env or {}),
         }
         self.procs: dict[str, subprocess.Popen] = {}
@@ -82,7 +87,7 @@ class Stack:
         ``loopback``: bound to 127.0.0.1 instead of every address."""
         if name in self.procs and self.procs[name].poll() is None:
             raise RuntimeError(f"{name} is already running")
-        command = procfile()[kind]
+        command = procfile(self.base_dir)[kind]
         if loopback:
             command = command.replace("0.0.0.0", "127.0.0.1")  # nosec B104: replacing it, not binding it
         log = open(self.log_dir / f"{name}.log", "ab")
@@ -90,7 +95,7 @@ class Stack:
         # The Procfile's line through sh, as a platform runs it (bandit B607: sh from PATH).
         proc = subprocess.Popen(  # nosec B607
             ["sh", "-c", f"exec {command} {extra_args}".rstrip()],
-            cwd=BASE_DIR,
+            cwd=self.base_dir,
             # application_name in pg_stat_activity: which process holds which transaction.
             env={**self.env, "PGAPPNAME": name, **(env or {})},
             stdout=log,
