@@ -2,8 +2,10 @@
 pg_auto_failover cluster (devtools/ha.py), API clients creating payments throughout, and
 the primary killed (``kill``: SIGKILL of its whole node), frozen (``stop``: SIGSTOP for
 ``--stop-seconds``, then SIGCONT) or switched over (``switchover``: pg_autoctl's planned
-switchover) while a burst of payments drains. Each round heals the cluster (the old
-primary returns as the secondary) before the next.
+switchover) while a burst of payments drains; or (``redis``) Redis behind Sentinel
+(devtools.ha's set, ``REDIS_URL=sentinel://...``) with its master killed instead. Each
+round heals the cluster (the old primary or master returns as the replica) before the
+next.
 
 Checked at the end, from the database:
 
@@ -23,6 +25,7 @@ runs a small one.
 
 import contextlib
 import json
+import shutil
 import signal
 import threading
 import time
@@ -48,7 +51,7 @@ from ledger.services import Posting, ledger_post_batch
 from payments.models import PaymentStatus, ScheduledPayment
 from payments.reconciliation import reconcile
 
-MODES = ("kill", "stop", "switchover")
+MODES = ("kill", "stop", "switchover", "redis")
 CREATE_LEAD = 30.0  # seconds from a create to its execute_at
 ABANDON_AFTER = 120.0  # a client gives up a create after this long without an answer
 TERMINAL = (PaymentStatus.EXECUTED, PaymentStatus.FAILED, PaymentStatus.CANCELLED)
@@ -195,8 +198,10 @@ def api_client_account(deposit: int) -> tuple[str, str, str]:
     return token, source.id, target.id
 
 
-def inject(options: Options, directory: Path, say) -> str:
-    """The round's fault; the primary's name."""
+def inject(options: Options, directory: Path, redis_dir: Path) -> str:
+    """The round's fault; the name of the node it hit."""
+    if options.mode == "redis":
+        return ha.kill_redis_master(redis_dir, signal.SIGKILL)
     if options.mode == "kill":
         return ha.kill_primary(directory, signal.SIGKILL)
     if options.mode == "stop":
@@ -275,10 +280,13 @@ def run(options: Options, *, say) -> dict:
     log_dir = Path(options.log_dir) / f"{options.mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     log_dir.mkdir(parents=True, exist_ok=True)
     directory = options.directory or Path(f"/tmp/delaypay-failover-{uuid.uuid4().hex[:8]}")  # nosec B108
-    redis = PrivateRedis(port=pick_port(options.redis_port), directory=log_dir / "redis")
+    redis_dir = directory.with_name(directory.name + "-redis")
+    redis = None if options.mode == "redis" else PrivateRedis(port=pick_port(options.redis_port),
+                                                                directory=log_dir / "redis")
     stack = clients = None
     rto: list[float] = []
     gaps: list[float] = []
+    converged_after: list[float] = []  # from the fault to the burst's last payment finished
     started = time.monotonic()
     try:
         say(f"failover: cluster in {directory} from port {options.base_port}; logs in {log_dir}")
@@ -286,11 +294,16 @@ def run(options: Options, *, say) -> dict:
         url = create_database(cluster_url, f"failover_{uuid.uuid4().hex[:8]}")
         use_cluster(url)
         call_command("migrate", interactive=False, verbosity=0)
-        redis.start()
+        if redis is None:
+            redis_url = ha.redis_up(redis_dir, options.base_port + 10)
+        else:
+            redis.start()
+            redis_url = redis.url
         port = free_port()
         metrics_dir = log_dir / "metrics"  # the stack's own, never a test run's or `make run`'s
         metrics_dir.mkdir(exist_ok=True)
-        env = {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir.resolve()), "DATABASE_URL": url, "REDIS_URL": redis.url,
+        env = {"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir.resolve()), "DATABASE_URL": url, "REDIS_URL": redis_url,
+               "DELAYPAY_REDIS_SENTINEL_MASTER": ha.MASTER_NAME,
                "DELAYPAY_LEASE_SECONDS": str(options.lease_seconds),
                "DELAYPAY_LOG_LEVEL": "INFO",
                # The clients stand for many users: one user's rate limit would be the figure.
@@ -317,24 +330,28 @@ def run(options: Options, *, say) -> dict:
             deposits.update(workload.deposits)
             time.sleep(max(0.0, workload.first_due + options.window * options.fault_at - time.time()))
             fault_at = time.monotonic()
-            node = inject(options, directory, say)
+            node = inject(options, directory, redis_dir)
             first = wait_for(lambda at=fault_at: clients.first_ack_sent_after(at), timeout=120)
             rto.append(round(first - fault_at, 1) if first else float("inf"))
             say(f"failover: round {round_}: {options.mode} of {node}; first create acknowledged after "
                 f"{rto[-1]} s")
             converged = converge(list(workload.payments), options.converge_timeout)
+            converged_after.append(round(time.monotonic() - fault_at, 1) if converged else float("inf"))
             gaps.append(round(clients.longest_gap(fault_at, time.monotonic()), 1))
             say(f"failover: round {round_}: burst {'converged' if converged else 'NOT converged'} "
                 f"{time.monotonic() - fault_at:.1f} s after the fault; longest gap between acknowledged "
                 f"creates {gaps[-1]} s; healing the cluster")
             ha.resume(directory)
             ha.up(directory, options.base_port)
+            if redis is None:
+                ha.redis_up(redis_dir, options.base_port + 10)
         clients.finish()
         converge([a.payment_id for a in clients.answers if a.payment_id], options.converge_timeout)
         figures = db_retry(lambda: measure(bursts, deposits, clients, (source, target), client_deposit))
         figures |= {"mode": options.mode, "rounds": options.rounds, "rto_seconds": rto,
                     "rto_p50": sorted(rto)[len(rto) // 2], "rto_max": max(rto),
                     "write_gap_seconds": gaps, "write_gap_max": max(gaps),
+                    "burst_done_after_fault_seconds": converged_after,
                     "total_seconds": round(time.monotonic() - started, 1)}
         figures["ok"] = not any(figures[k] for k in ("lost", "duplicated_transfers", "conservation_errors",
                                                      "api_acknowledged_missing", "api_creates_duplicated",
@@ -347,12 +364,17 @@ def run(options: Options, *, say) -> dict:
             clients.finish()
         if stack is not None:
             stack.stop()
-        redis.stop()
+        if redis is not None:
+            redis.stop()
+        elif redis_dir.exists():
+            ha.redis_down(redis_dir)
         connections.close_all()
         with contextlib.suppress(Exception):
             ha.resume(directory)
         if options.directory is None:
             ha.down(directory)
+            shutil.rmtree(directory, ignore_errors=True)
+            shutil.rmtree(redis_dir, ignore_errors=True)
 
 
 def wait_web(base_url: str, timeout: float = 60) -> None:
@@ -381,6 +403,7 @@ def describe(figures: dict) -> str:
             "reconcile_violations", "api_creates_acknowledged", "api_acknowledged_missing",
             "api_creates_duplicated", "rto_p50", "rto_max", "write_gap_max")
     return f"failover {'PASS' if figures['ok'] else 'FAIL'}: " + " ".join(f"{k}={figures[k]}" for k in keys) + (
-        f" rto={figures['rto_seconds']} api_errors={figures['api_errors']} total_s={figures['total_seconds']}")
+        f" rto={figures['rto_seconds']} burst_done_after_fault={figures['burst_done_after_fault_seconds']}"
+        f" api_errors={figures['api_errors']} total_s={figures['total_seconds']}")
 
 

@@ -436,10 +436,35 @@ def up(directory: Path, base_port: int, *, timeout: float = 180) -> str:
         if created(layout, name):
             start_keeper(layout, name)
     create_missing(layout, timeout=timeout)
-    wait_for(lambda: keep_running(layout) and in_sync(nodes_state(layout)) and streaming(layout),
+    nudge = CheckpointNudge(layout)
+    wait_for(lambda: nudge() and keep_running(layout) and in_sync(nodes_state(layout)) and streaming(layout),
              timeout=timeout, what="a primary and a secondary in sync", interval=0.5)
     log(f"in sync: {json.dumps(nodes_state(layout))}")
     return layout.database_url
+
+
+class CheckpointNudge:
+    """A node that returns after a failover is rebuilt from the primary when pg_rewind
+    cannot rewind it, and pg_basebackup waits for the primary's next checkpoint, which is
+    spread over minutes. A CHECKPOINT on the primary every few seconds while waiting makes
+    it immediate. Always true, so that it can lead a wait's condition."""
+
+    def __init__(self, layout: Layout, every: float = 3.0):
+        self.layout, self.every, self.last = layout, every, 0.0
+
+    def __call__(self) -> bool:
+        if time.monotonic() - self.last < self.every:
+            return True
+        self.last = time.monotonic()
+        primary = primary_of(nodes_state(self.layout))
+        if primary is not None:
+            try:
+                with psycopg.connect(self.layout.dsn(self.layout.port(primary), user="postgres"),
+                                     autocommit=True) as conn:
+                    conn.execute("CHECKPOINT")
+            except psycopg.Error:
+                pass  # not up yet, or not the primary any more: the next look tries again
+        return True
 
 
 def keep_running(layout: Layout) -> bool:

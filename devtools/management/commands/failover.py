@@ -23,7 +23,8 @@ class Command(BaseCommand):
         d = failover.Options()
         parser.add_argument("--mode", choices=failover.MODES, default=d.mode,
                             help=f"kill: SIGKILL of the primary's node; stop: SIGSTOP for --stop-seconds; "
-                                 f"switchover: a planned one ({d.mode})")
+                                 f"switchover: a planned one; redis: Redis behind Sentinel, its master killed "
+                                 f"({d.mode})")
         parser.add_argument("--payments", type=int, default=d.payments, help=f"payments per round ({d.payments})")
         parser.add_argument("--rounds", type=int, default=d.rounds, help=f"faults, one per round ({d.rounds})")
         parser.add_argument("--stop-seconds", type=float, default=d.stop_seconds,
