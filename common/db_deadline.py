@@ -18,9 +18,10 @@ outcome, resolved as any lost commit is: the ledger's payment_id guard and the a
 fence make a retry a no-op where the commit did happen.
 
 Installed by the processes that serve (delaypay/wsgi.py, delaypay/celery.py), never by
-``manage.py`` commands: a migration may legitimately run one statement for minutes.
-The deadline must stay above the longest command the product sends (lock waits
-included); 30 s by default, 0 turns the watchdog off.
+``manage.py`` commands: a migration may legitimately run one statement for minutes, as
+may the maintenance tasks (reconciliation, archival), which run ``unbounded()``. The
+deadline must stay above the longest command of the money path and the console (lock
+waits included; they take milliseconds to a second); 15 s by default, 0 turns it off.
 """
 
 import contextlib
@@ -52,6 +53,7 @@ class Watchdog:
         self._tracked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # psycopg conn -> [statements]
         self._busy: dict[int, tuple[float, int]] = {}  # id(conn) -> (busy since, statements then)
         self._lock = threading.Lock()
+        self.unbounded_threads: set[int] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -61,7 +63,7 @@ class Watchdog:
         whichever psycopg connection it holds, in whichever process: a reconnect adds no
         second wrapper, and a forked child counts in its own watchdog."""
         with self._lock:
-            self._tracked[wrapper.connection] = [0]
+            self._tracked[wrapper.connection] = [0, threading.get_ident()]
         if _count not in wrapper.execute_wrappers:
             wrapper.execute_wrappers.append(_count)
 
@@ -82,7 +84,8 @@ class Watchdog:
         for conn, counter in tracked:
             key = id(conn)
             alive.add(key)
-            if conn.closed or conn.pgconn.transaction_status != TransactionStatus.ACTIVE:
+            if (conn.closed or counter[1] in self.unbounded_threads
+                    or conn.pgconn.transaction_status != TransactionStatus.ACTIVE):
                 self._busy.pop(key, None)
                 continue
             since, statements = self._busy.get(key, (now, counter[0]))
@@ -159,6 +162,23 @@ def current() -> Watchdog | None:
         watchdog.start()
         _installed.update(watchdog=watchdog, pid=os.getpid())
     return _installed["watchdog"]
+
+
+@contextlib.contextmanager
+def unbounded():
+    """No deadline for the connections this thread opened, while the block runs: for the
+    maintenance tasks whose statements may legitimately take minutes on a large database
+    (reconciliation, the partitions' archival)."""
+    watchdog = current()
+    if watchdog is None:
+        yield
+        return
+    ident = threading.get_ident()
+    watchdog.unbounded_threads.add(ident)
+    try:
+        yield
+    finally:
+        watchdog.unbounded_threads.discard(ident)
 
 
 def install(deadline: float | None = None) -> None:

@@ -125,10 +125,11 @@ _database_options["options"] = session_options(
 # given up on by the client: connecting waits at most connect_timeout seconds per host
 # of the URL (libpq; a URL's own value wins), and in the serving processes a command
 # busy for DELAYPAY_DB_COMMAND_DEADLINE_SECONDS has its socket shut down
-# (common/db_deadline.py; 0: never). Above any command the product sends, lock waits
-# included; manage.py commands (migrate) are never cut.
+# (common/db_deadline.py; 0: never). Above any command of the money path and the console,
+# lock waits included; manage.py commands (migrate) and the maintenance tasks
+# (reconciliation, archival) are never cut.
 _database_options.setdefault("connect_timeout", env.int("DELAYPAY_DB_CONNECT_TIMEOUT_SECONDS", default=5))
-DELAYPAY_DB_COMMAND_DEADLINE_SECONDS = env.float("DELAYPAY_DB_COMMAND_DEADLINE_SECONDS", default=30.0)
+DELAYPAY_DB_COMMAND_DEADLINE_SECONDS = env.float("DELAYPAY_DB_COMMAND_DEADLINE_SECONDS", default=15.0)
 if not 0 <= DELAYPAY_DB_COMMAND_DEADLINE_SECONDS <= 3600:
     raise ImproperlyConfigured("DELAYPAY_DB_COMMAND_DEADLINE_SECONDS must be between 0 and 3600.")
 # How long each statement of `migrate` waits for a lock before it fails (0: no limit).

@@ -12,6 +12,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import close_old_connections
 
+from common import db_deadline
 from common.backoff import TASK_RETRY
 from payments import execution, idempotency, metrics, partitions, promoter, reconciliation
 
@@ -45,13 +46,15 @@ def purge_idempotency_keys() -> dict:
 @shared_task(name="payments.tasks.ensure_partitions", ignore_result=True)
 def ensure_partitions() -> dict:
     """Create the schedule's partitions for the months ahead that lack one (beat: hourly)."""
-    return {"created": partitions.ensure_partitions()}
+    with db_deadline.unbounded():  # DDL may wait behind the schedule's transactions
+        return {"created": partitions.ensure_partitions()}
 
 
 @shared_task(name="payments.tasks.archive_partitions", ignore_result=True)
 def archive_partitions() -> dict:
     """Archive the months past DELAYPAY_RETENTION_DAYS whose payments all finished (beat: daily)."""
-    return {"archived": partitions.archive_due_months()}
+    with db_deadline.unbounded():  # a month's export takes as long as the month is large
+        return {"archived": partitions.archive_due_months()}
 
 
 def run_claimed(task, pairs: list[list], run) -> dict:
@@ -94,5 +97,6 @@ def execute_batch(self, pairs: list[list]) -> dict:
 @shared_task(name="payments.tasks.reconcile_daily", ignore_result=True)
 def reconcile_daily() -> dict:
     """Run the reconciliation (beat, daily) and log every violated check at ERROR."""
-    report = reconciliation.reconcile_and_report()
+    with db_deadline.unbounded():  # whole-table checks: minutes on a large database
+        report = reconciliation.reconcile_and_report()
     return {"ok": report.ok, "violations": report.violations}

@@ -5,6 +5,7 @@ from datetime import date
 
 from celery import shared_task
 
+from common import db_deadline
 from payments import promoter
 from payments.tasks import CLAIMED_BATCH, run_claimed
 from rails.base import SettlementReportUnavailable
@@ -26,7 +27,8 @@ def reconcile_settlement_daily(self, day: str | None = None) -> dict:
     the day pinned so that a retry after midnight checks the same day."""
     target = date.fromisoformat(day) if day else settlement.yesterday_utc()
     try:
-        reports = settlement.reconcile_settlement_all(day=target)
+        with db_deadline.unbounded():  # a day's payouts against the rail's report
+            reports = settlement.reconcile_settlement_all(day=target)
     except SettlementReportUnavailable as exc:
         raise self.retry(exc=exc, countdown=600, kwargs={"day": target.isoformat()}) from exc
     return {"day": target.isoformat(), "mismatches": sum(r.mismatches for r in reports)}

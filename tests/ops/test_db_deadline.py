@@ -108,3 +108,21 @@ def test_a_forked_child_watches_its_own_connections(watched):
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert db_deadline.current() is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_maintenance_task_runs_unbounded():
+    """Reconciliation and archival may take minutes on a large database: unbounded()."""
+    db_deadline.install(DEADLINE)
+    try:
+        connection.close()
+        connection.ensure_connection()
+        before = scrape()
+        with db_deadline.unbounded(), connection.cursor() as cur:
+            cur.execute("SELECT pg_sleep(%s)", [DEADLINE * 3])
+        with pytest.raises(OperationalError), connection.cursor() as cur:  # bounded again after
+            cur.execute("SELECT pg_sleep(%s)", [DEADLINE * 10])
+        assert delta(scrape(), before, "delaypay_db_commands_cut_total") == 1
+    finally:
+        db_deadline.uninstall()
+        connection.close()
