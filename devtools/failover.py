@@ -45,7 +45,7 @@ from devtools.chaos import Options as ChaosOptions
 from devtools.chaos import build_workload, db_retry
 from devtools.gateway import free_port
 from devtools.processes import Stack
-from devtools.sandbox import PrivateRedis, pick_port
+from devtools.sandbox import PrivateRedis, SandboxError, pick_port, port_is_free
 from ledger.models import Account
 from ledger.services import Posting, ledger_post_batch
 from payments.models import PaymentStatus, ScheduledPayment
@@ -289,13 +289,13 @@ def run(options: Options, *, say) -> dict:
     converged_after: list[float] = []  # from the fault to the burst's last payment finished
     started = time.monotonic()
     try:
-        say(f"failover: cluster in {directory} from port {options.base_port}; logs in {log_dir}")
-        cluster_url = ha.up(directory, options.base_port)
+        base_port, cluster_url = start_cluster(directory, options.base_port, say)
+        say(f"failover: cluster in {directory} from port {base_port}; logs in {log_dir}")
         url = create_database(cluster_url, f"failover_{uuid.uuid4().hex[:8]}")
         use_cluster(url)
         call_command("migrate", interactive=False, verbosity=0)
         if redis is None:
-            redis_url = ha.redis_up(redis_dir, options.base_port + 10)
+            redis_url = ha.redis_up(redis_dir, base_port + 10)
         else:
             redis.start()
             redis_url = redis.url
@@ -342,9 +342,9 @@ def run(options: Options, *, say) -> dict:
                 f"{time.monotonic() - fault_at:.1f} s after the fault; longest gap between acknowledged "
                 f"creates {gaps[-1]} s; healing the cluster")
             ha.resume(directory)
-            ha.up(directory, options.base_port)
+            ha.up(directory, base_port)
             if redis is None:
-                ha.redis_up(redis_dir, options.base_port + 10)
+                ha.redis_up(redis_dir, base_port + 10)
         clients.finish()
         converge([a.payment_id for a in clients.answers if a.payment_id], options.converge_timeout)
         figures = db_retry(lambda: measure(bursts, deposits, clients, (source, target), client_deposit))
@@ -375,6 +375,27 @@ def run(options: Options, *, say) -> dict:
             ha.down(directory)
             shutil.rmtree(directory, ignore_errors=True)
             shutil.rmtree(redis_dir, ignore_errors=True)
+
+
+def start_cluster(directory: Path, preferred: int, say) -> tuple[int, str]:
+    """(base port, URL) of a new cluster. Its ports (and the Redis set's, 10 up) lie in the
+    kernel's ephemeral range, where another process's client socket can take one between
+    the check and the bind: then a second range is tried."""
+    base = preferred
+    for attempt in (1, 2):
+        while not all(port_is_free(p) for p in [*range(base, base + 3), *range(base + 10, base + 15)]):
+            base += 20
+        try:
+            return base, ha.up(directory, base)
+        except SandboxError as exc:
+            if attempt == 2:
+                raise
+            say(f"failover: the cluster did not start on {base} ({str(exc).splitlines()[0][:120]}); another range")
+            with contextlib.suppress(Exception):
+                ha.down(directory)
+            shutil.rmtree(directory, ignore_errors=True)
+            base += 20
+    raise AssertionError("unreachable")
 
 
 def wait_web(base_url: str, timeout: float = 60) -> None:
