@@ -177,3 +177,33 @@ def test_token_lifetime_and_lockout_come_from_the_environment(monkeypatch):
 def test_a_zero_or_negative_value_is_refused(monkeypatch, name, value):
     with pytest.raises(ImproperlyConfigured, match=name):
         load_settings(monkeypatch, **{name: value})
+
+
+# --- The autoscaling signal (payments/scaling.py) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "name"),
+    [
+        ({"DELAYPAY_SCALE_PROCESS_RATE": "0"}, "DELAYPAY_SCALE_PROCESS_RATE"),  # a division by zero
+        ({"DELAYPAY_SCALE_DRAIN_SECONDS": "0"}, "DELAYPAY_SCALE_DRAIN_SECONDS"),
+        ({"DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS": "-60"}, "DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS"),
+        ({"DELAYPAY_SCALE_TARGET_UTILIZATION": "0"}, "DELAYPAY_SCALE_TARGET_UTILIZATION"),
+        ({"DELAYPAY_SCALE_TARGET_UTILIZATION": "1.5"}, "DELAYPAY_SCALE_TARGET_UTILIZATION"),  # busier than busy
+        ({"DELAYPAY_SCALE_MIN_WORKERS": "9", "DELAYPAY_SCALE_MAX_WORKERS": "8"}, "DELAYPAY_SCALE_MIN_WORKERS"),
+        ({"DELAYPAY_SCALE_MIN_WORKERS": "-1"}, "DELAYPAY_SCALE_MIN_WORKERS"),
+        ({"DELAYPAY_SCALE_MIN_WORKERS": "0", "DELAYPAY_SCALE_MAX_WORKERS": "0"}, "DELAYPAY_SCALE_MAX_WORKERS"),
+    ],
+)
+def test_scaling_settings_that_make_no_sense_are_refused(monkeypatch, environ, name):
+    with pytest.raises(ImproperlyConfigured, match=name):
+        load_settings(monkeypatch, **environ)
+
+
+def test_scaling_settings_come_from_the_environment(monkeypatch):
+    loaded = load_settings(
+        monkeypatch, DELAYPAY_SCALE_PROCESS_RATE="1500", DELAYPAY_SCALE_TARGET_UTILIZATION="1",
+        DELAYPAY_SCALE_MIN_WORKERS="0", DELAYPAY_SCALE_MAX_WORKERS="8",
+    )
+    assert (loaded["DELAYPAY_SCALE_PROCESS_RATE"], loaded["DELAYPAY_SCALE_TARGET_UTILIZATION"]) == (1500.0, 1.0)
+    assert (loaded["DELAYPAY_SCALE_MIN_WORKERS"], loaded["DELAYPAY_SCALE_MAX_WORKERS"]) == (0, 8)
