@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import REGISTRY, Collector
+from prometheus_client.samples import Sample
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +145,19 @@ class _DefaultRegistryCollector(Collector):
 
     def collect(self):
         return REGISTRY.collect()
+
+
+def host_samples(families: Iterable[str]) -> list[Sample]:
+    """The samples of the named metric families summed over this host's processes, as
+    /metrics exports them (multiprocess mode), or this process's own (single-process)."""
+    wanted = set(families)
+    path = multiprocess_dir()
+    if path:
+        with _locked(path, fcntl.LOCK_SH):
+            found = list(MultiProcessCollector(None, path=path).collect())
+    else:
+        found = list(REGISTRY.collect())
+    return [sample for family in found if family.name in wanted for sample in family.samples]
 
 
 def render(extra: Iterable[Collector] = ()) -> bytes:

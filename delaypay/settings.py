@@ -603,6 +603,30 @@ if PROMETHEUS_MULTIPROC_DIR:
 DELAYPAY_METRICS_TOKEN = env("DELAYPAY_METRICS_TOKEN", default="")
 # Exact counts per status scan the table: computed at most this often per web process.
 DELAYPAY_METRICS_CACHE_SECONDS = env.float("DELAYPAY_METRICS_CACHE_SECONDS", default=5.0)
+# The worker processes the fleet needs now (delaypay_workers_needed, payments/scaling.py),
+# for an autoscaler (deploy/kubernetes/): the payments falling due within the next
+# INFLOW_WINDOW_SECONDS per second, plus the backlog already due drained within
+# DRAIN_SECONDS, over what one worker process applies (PROCESS_RATE payments/s at full
+# batches, unless this host's own batches measured it) at TARGET_UTILIZATION, kept
+# between MIN_WORKERS and MAX_WORKERS.
+DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS = _positive(
+    "DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS", env.float("DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS", default=120.0)
+)
+DELAYPAY_SCALE_DRAIN_SECONDS = _positive(
+    "DELAYPAY_SCALE_DRAIN_SECONDS", env.float("DELAYPAY_SCALE_DRAIN_SECONDS", default=60.0)
+)
+DELAYPAY_SCALE_PROCESS_RATE = _positive(
+    "DELAYPAY_SCALE_PROCESS_RATE", env.float("DELAYPAY_SCALE_PROCESS_RATE", default=2000.0)
+)
+DELAYPAY_SCALE_TARGET_UTILIZATION = env.float("DELAYPAY_SCALE_TARGET_UTILIZATION", default=0.7)
+if not 0 < DELAYPAY_SCALE_TARGET_UTILIZATION <= 1:
+    raise ImproperlyConfigured("DELAYPAY_SCALE_TARGET_UTILIZATION must be above 0 and at most 1")
+DELAYPAY_SCALE_MIN_WORKERS = env.int("DELAYPAY_SCALE_MIN_WORKERS", default=1)
+DELAYPAY_SCALE_MAX_WORKERS = env.int("DELAYPAY_SCALE_MAX_WORKERS", default=64)
+if not 0 <= DELAYPAY_SCALE_MIN_WORKERS <= DELAYPAY_SCALE_MAX_WORKERS or DELAYPAY_SCALE_MAX_WORKERS < 1:
+    raise ImproperlyConfigured(
+        "DELAYPAY_SCALE_MIN_WORKERS must be at least 0 and at most DELAYPAY_SCALE_MAX_WORKERS, which is at least 1"
+    )
 # /readyz: a promoter tick older than this fails the "promoter" check. With REQUIRE off
 # the check is still reported but no longer makes /readyz 503 (every web node fails it at
 # once, so a load balancer using /readyz would drop them all for a promoter problem).

@@ -1,9 +1,10 @@
 """The schedule's state read when /metrics is scraped (``ScheduleCollector``): the
 schedule's lag from the operational selectors, the review queue's size and age, counts per
 status (cached), heartbeats of the promoter, of reconcile and of settlement reconciliation
-(a table, so any host sees them, after the process that wrote them exited), and the Celery
-queues in Redis. The instruments that count events are in payments/metrics.py; names and
-meanings are listed in docs/reference/operations.md ("Metrics")."""
+(a table, so any host sees them, after the process that wrote them exited), the
+autoscaling signal (delaypay_workers_needed, payments/scaling.py), and the Celery queues in
+Redis. The instruments that count events are in payments/metrics.py; names and meanings
+are listed in docs/reference/operations.md ("Metrics")."""
 
 import logging
 import math
@@ -15,9 +16,9 @@ from django.db import DatabaseError
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from common import broker
+from common import broker, prometheus
 
-from . import partitions, selectors
+from . import partitions, scaling, selectors
 from .models import Heartbeat
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class ScheduleCollector(Collector):
     def _database(self) -> list[GaugeMetricFamily]:
         # Everything is read first so a failure yields nothing half-done.
         health = selectors.schedule_health()
+        window = settings.DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS
+        inflow = selectors.due_within(seconds=window) / window
         review = selectors.review_queue_health()
         counts = payment_counts_cached(self.counts_max_age)
         beats = selectors.heartbeat_readings()
@@ -87,6 +90,7 @@ class ScheduleCollector(Collector):
             GaugeMetricFamily("delaypay_in_flight", "EXECUTING payments with a live lease.", value=health.in_flight),
             GaugeMetricFamily("delaypay_leases_expired", "EXECUTING payments whose lease has expired.",
                               value=health.leases_expired),
+            *_scaling(inflow=inflow, backlog=health.overdue + health.leases_expired),
             GaugeMetricFamily("delaypay_needs_review",
                               "Payments parked in NEEDS_REVIEW, waiting for staff to re-drive or resolve them.",
                               value=review.count),
@@ -193,3 +197,35 @@ class ScheduleCollector(Collector):
             GaugeMetricFamily("delaypay_queue_unacked",
                               "Messages delivered to workers and not yet acknowledged (all queues).", value=unacked),
         ]
+
+
+def _scaling(*, inflow: float, backlog: int) -> list[GaugeMetricFamily]:
+    """The autoscaling signal (payments/scaling.py) and the two rates it is made of."""
+    totals = scaling.apply_totals(prometheus.host_samples(["delaypay_executed", "delaypay_batch_apply_seconds"]))
+    rate = scaling.measured_process_rate(totals, full_batch=settings.DELAYPAY_CLAIM_BATCH)
+    rate = rate or settings.DELAYPAY_SCALE_PROCESS_RATE
+    needed = scaling.workers_needed(
+        inflow_per_second=inflow, backlog=backlog, process_rate=rate,
+        drain_seconds=settings.DELAYPAY_SCALE_DRAIN_SECONDS,
+        target_utilization=settings.DELAYPAY_SCALE_TARGET_UTILIZATION,
+        minimum=settings.DELAYPAY_SCALE_MIN_WORKERS, maximum=settings.DELAYPAY_SCALE_MAX_WORKERS,
+    )
+    return [
+        GaugeMetricFamily(
+            "delaypay_due_inflow_per_second",
+            "SCHEDULED payments falling due within the next DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS, per second.",
+            value=inflow,
+        ),
+        GaugeMetricFamily(
+            "delaypay_worker_process_rate",
+            "Payments one worker process applies per second of applying: measured from this host's batches "
+            "when taken under load, else DELAYPAY_SCALE_PROCESS_RATE.",
+            value=rate,
+        ),
+        GaugeMetricFamily(
+            "delaypay_workers_needed",
+            "Worker processes (prefork children) needed to apply the due inflow and drain the backlog within "
+            "DELAYPAY_SCALE_DRAIN_SECONDS at DELAYPAY_SCALE_TARGET_UTILIZATION (payments/scaling.py).",
+            value=needed,
+        ),
+    ]

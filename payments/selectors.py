@@ -232,6 +232,13 @@ def schedule_health() -> ScheduleHealth:
     return ScheduleHealth(max(float(age), 0.0), overdue, in_flight, expired)
 
 
+def due_within(*, seconds: float) -> int:
+    """SCHEDULED payments falling due within the next ``seconds`` (payments_due_idx)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.DUE_INFLOW, [seconds])
+        return cur.fetchone()[0]
+
+
 @dataclass(frozen=True)
 class ReviewQueue:
     count: int  # payments parked in NEEDS_REVIEW

@@ -520,6 +520,16 @@ SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0), count(*)
 """
 
 
+# SCHEDULED payments falling due within the next %s seconds: one range of payments_due_idx,
+# whose predicate this repeats (delaypay_due_inflow_per_second, payments/scaling.py).
+DUE_INFLOW = """
+SELECT count(*)
+  FROM payments_scheduledpayment
+ WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL
+   AND execute_at > now() AND execute_at <= now() + make_interval(secs => %s)
+"""
+
+
 # EXECUTING payments with a live lease (in flight) and with an expired one (payments_lease_idx).
 LEASE_COUNTS = """
 SELECT count(*) FILTER (WHERE lease_until >= now()), count(*) FILTER (WHERE lease_until < now())

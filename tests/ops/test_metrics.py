@@ -12,7 +12,7 @@ from payments import metrics, reconciliation, tasks
 from payments.models import Heartbeat, ScheduledPayment
 from payments.services import heartbeat_record, payment_cancel
 from tests.conftest import flush_test_redis
-from tests.factories import due_payment, expire_lease, funded_account, parked_payment
+from tests.factories import due_payment, expire_lease, funded_account, future_payment, parked_payment
 
 from .scrape import delta, scrape, series_key
 
@@ -214,3 +214,61 @@ def test_counts_of_a_process_that_exited_stay_in_the_totals():
     again = scrape()  # nothing left to fold: the totals stay
     assert delta(again, before, "delaypay_executed_total", outcome="executed", reason="") == 5
 
+
+
+@pytest.fixture
+def scale_settings(settings):
+    """Small numbers for the autoscaling signal: a process applies 0.1 payment/s, fully
+    busy; a backlog is drained within 10 s; between 1 and 4 processes."""
+    settings.DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS = 60
+    settings.DELAYPAY_SCALE_DRAIN_SECONDS = 10
+    settings.DELAYPAY_SCALE_PROCESS_RATE = 0.1
+    settings.DELAYPAY_SCALE_TARGET_UTILIZATION = 1.0
+    settings.DELAYPAY_SCALE_MIN_WORKERS = 1
+    settings.DELAYPAY_SCALE_MAX_WORKERS = 4
+    return settings
+
+
+@pytest.mark.django_db
+def test_workers_needed_follows_the_due_inflow_and_the_backlog(scale_settings):
+    scale_settings.DELAYPAY_CLAIM_BATCH = 10**9  # no batch of this host counts as taken under load
+    idle = scrape()
+    assert gauge(idle, "delaypay_due_inflow_per_second") == 0
+    assert gauge(idle, "delaypay_worker_process_rate") == 0.1  # the configured rate
+    assert gauge(idle, "delaypay_workers_needed") == 1  # nothing due: the minimum
+
+    a, b = funded_account(balance=100), funded_account()
+    for seconds in (5, 10, 20, 30, 40, 45):  # six within the next minute: 0.1/s, one process
+        future_payment(source=a, target=b, minutes=seconds / 60)
+    future_payment(source=a, target=b, minutes=60)  # beyond the window
+    inflow = scrape()
+    assert gauge(inflow, "delaypay_due_inflow_per_second") == pytest.approx(0.1)
+    assert gauge(inflow, "delaypay_workers_needed") == 1
+
+    due_payment(source=a, target=b, amount=1, seconds_ago=30)  # one overdue, to drain in 10 s: 0.1/s more
+    assert gauge(scrape(), "delaypay_workers_needed") == 2
+
+    lost = due_payment(source=a, target=b, amount=1, seconds_ago=30)
+    ScheduledPayment.objects.filter(pk=lost.pk).update(  # claimed, and its worker vanished: backlog too
+        status="EXECUTING", attempt=1, claimed_at=timezone.now(), lease_until=timezone.now() - timedelta(hours=1)
+    )
+    assert gauge(scrape(), "delaypay_leases_expired") == 1
+    assert gauge(scrape(), "delaypay_workers_needed") == 3
+
+    for _ in range(10):
+        due_payment(source=a, target=b, amount=1, seconds_ago=5)
+    assert gauge(scrape(), "delaypay_workers_needed") == 4  # 13 processes' work, bounded by the maximum
+
+
+@pytest.mark.django_db
+def test_the_process_rate_is_measured_from_this_hosts_batches_taken_under_load(scale_settings):
+    scale_settings.DELAYPAY_CLAIM_BATCH = 2  # every batch of a payment or more counts as full
+    metrics.executed_total.labels("executed", "").inc(40_000)
+    metrics.batch_apply_seconds.observe(20.0)  # one batch of 40,000 payments applied in 20 s
+    samples = scrape()
+    applied = sum(value for key, value in samples.items()
+                  if key.startswith("delaypay_executed_total{") and 'outcome="error"' not in key)
+    measured = applied / samples["delaypay_batch_apply_seconds_sum{}"]
+    assert measured > 1  # the configured 0.1 is not what is used
+    assert gauge(samples, "delaypay_worker_process_rate") == pytest.approx(measured)
+    assert gauge(samples, "delaypay_workers_needed") == 1  # nothing due

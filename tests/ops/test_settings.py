@@ -221,3 +221,33 @@ def test_a_sentinel_url_configures_celery_and_the_cache_for_the_named_master(mon
 def test_a_bad_sentinel_configuration_is_refused_at_start(monkeypatch, environ, says):
     with pytest.raises(ImproperlyConfigured, match=says):
         load_settings(monkeypatch, **environ)
+
+
+# --- The autoscaling signal (payments/scaling.py) -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "name"),
+    [
+        ({"DELAYPAY_SCALE_PROCESS_RATE": "0"}, "DELAYPAY_SCALE_PROCESS_RATE"),  # a division by zero
+        ({"DELAYPAY_SCALE_DRAIN_SECONDS": "0"}, "DELAYPAY_SCALE_DRAIN_SECONDS"),
+        ({"DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS": "-60"}, "DELAYPAY_SCALE_INFLOW_WINDOW_SECONDS"),
+        ({"DELAYPAY_SCALE_TARGET_UTILIZATION": "0"}, "DELAYPAY_SCALE_TARGET_UTILIZATION"),
+        ({"DELAYPAY_SCALE_TARGET_UTILIZATION": "1.5"}, "DELAYPAY_SCALE_TARGET_UTILIZATION"),  # busier than busy
+        ({"DELAYPAY_SCALE_MIN_WORKERS": "9", "DELAYPAY_SCALE_MAX_WORKERS": "8"}, "DELAYPAY_SCALE_MIN_WORKERS"),
+        ({"DELAYPAY_SCALE_MIN_WORKERS": "-1"}, "DELAYPAY_SCALE_MIN_WORKERS"),
+        ({"DELAYPAY_SCALE_MIN_WORKERS": "0", "DELAYPAY_SCALE_MAX_WORKERS": "0"}, "DELAYPAY_SCALE_MAX_WORKERS"),
+    ],
+)
+def test_scaling_settings_that_make_no_sense_are_refused(monkeypatch, environ, name):
+    with pytest.raises(ImproperlyConfigured, match=name):
+        load_settings(monkeypatch, **environ)
+
+
+def test_scaling_settings_come_from_the_environment(monkeypatch):
+    loaded = load_settings(
+        monkeypatch, DELAYPAY_SCALE_PROCESS_RATE="1500", DELAYPAY_SCALE_TARGET_UTILIZATION="1",
+        DELAYPAY_SCALE_MIN_WORKERS="0", DELAYPAY_SCALE_MAX_WORKERS="8",
+    )
+    assert (loaded["DELAYPAY_SCALE_PROCESS_RATE"], loaded["DELAYPAY_SCALE_TARGET_UTILIZATION"]) == (1500.0, 1.0)
+    assert (loaded["DELAYPAY_SCALE_MIN_WORKERS"], loaded["DELAYPAY_SCALE_MAX_WORKERS"]) == (0, 8)

@@ -242,6 +242,18 @@ def test_the_consoles_due_time_views_are_served_by_partial_indexes():
         assert whole_table_reads(arm.order_by("-execute_at")[:1]) == [], arm.query
 
 
+def test_the_due_inflow_reads_only_the_due_index():
+    """delaypay_due_inflow_per_second is read at every scrape: its count repeats
+    payments_due_idx's predicate, so it walks one range of that index (sequential scans
+    priced out, as whole_table_reads does: on an empty table the planner would take one)."""
+    from django.db import transaction
+
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")
+        scans = scans_of_payments(plan_nodes(sql.DUE_INFLOW, [120]))
+    assert scans and {index for _node, index in scans} == {"payments_due_idx"}
+
+
 @pytest.mark.parametrize("session", [sql.CLAIM_SESSION, None])
 def test_the_fair_claim_walks_the_partitions_in_due_order_never_sorting_the_backlog(session, settings):
     """The schedule is partitioned (payments/partitions.py): the fair claim's walk merges
