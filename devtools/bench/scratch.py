@@ -88,4 +88,8 @@ def pg_env() -> dict[str, str]:
     })
     if db.get("PASSWORD"):
         env["PGPASSWORD"] = db["PASSWORD"]
+    # A multi-host URL (a failover pair) names the node to keep: the one taking writes.
+    attrs = (db.get("OPTIONS") or {}).get("target_session_attrs")
+    if attrs:
+        env["PGTARGETSESSIONATTRS"] = attrs
     return env
