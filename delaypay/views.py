@@ -58,6 +58,7 @@ def _authorized(request) -> bool:
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
+
 # Counted by the serving processes (common/db_deadline.py); imported here so that the
 # series is on /metrics, at 0, before the first cut, as an alert rule needs.
 _EXPORTED_FROM_THE_START = (db_deadline.commands_cut_total,)

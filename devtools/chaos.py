@@ -55,7 +55,7 @@ from devtools.webhook_receiver import ReceiverProcess, Summary
 from ledger.models import Account, PendingTransfer
 from ledger.services import Posting, ledger_post_batch
 from payments.exceptions import PaymentNotCancellable, PayoutOutcomeUnknown
-from payments.models import Payee, PaymentEvent, PaymentStatus, ScheduledPayment
+from payments.models import IdempotencyKey, Payee, PaymentEvent, PaymentStatus, ScheduledPayment, StartMarker
 from payments.reconciliation import reconcile
 from payments.services import payment_cancel
 from payments.tasks import execute_batch
@@ -182,6 +182,10 @@ class Options:
     webhook_fail_first: int = 1  # the receiver answers 500 to the first N tries of an event ...
     webhook_fail_share: float = 0.1  # ... for this share of the events (each failure is one more request)
     webhook_drain_timeout: float = 120.0  # after convergence, seconds for every event to be delivered
+    # After convergence, wait up to this long for beat's every-minute purge to empty the
+    # executor's start markers (no attempt needs one once nothing executes): the
+    # housekeeping runs on its own, with no cron; 0 skips the check.
+    housekeeping_timeout: float = 0.0
     payouts: float = 0.1  # share of the payments that are payouts (the sandbox gateway, its faults and checks)
     gateway_outage_seconds: float = 60.0  # the gateway_down fault: the gateway process stopped this long
     pg_port: int = 55432
@@ -1108,7 +1112,8 @@ def describe_long_outage(outage: dict | None) -> str:
 
 def measure(workload: Workload, figures: Figures, *, converged: bool, converge_seconds: float,
             options: Options, total_seconds: float, log_dir: Path, received: Summary | None = None,
-            payouts: dict | None = None, replica: dict | None = None) -> Outcome:
+            payouts: dict | None = None, replica: dict | None = None,
+            housekeeping: dict | None = None) -> Outcome:
     """Every figure of the run, from the database, the reconciliation and an independent
     model of what the balances must be given the final statuses."""
     report = reconcile(stuck_after_seconds=0, overdue_after_seconds=0, sample_limit=5)
@@ -1187,6 +1192,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         "webhooks": hooks,
         "payouts": payouts,
         "replica": replica,
+        "housekeeping": housekeeping,
         "converged": converged,
         "converge_seconds": round(converge_seconds, 1),
         "total_seconds": round(total_seconds, 1),
@@ -1198,6 +1204,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         and webhooks_ok(hooks)
         and payouts_ok(payouts)
         and replica_ok(replica)
+        and (housekeeping is None or housekeeping["start_markers_left"] == 0)
     )
     line = (
         f"chaos {'PASS' if ok else 'FAIL'}: seed={options.seed} payments={numbers['payments']}"
@@ -1210,11 +1217,34 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         f" reconcile_violations={report.violations}"
         f" cancel_mismatches={cancel_mismatches} claims_while_redis_down={claims_while_redis_down}"
         f" in_process={in_process}{describe_long_outage(outage)}{describe_webhooks(hooks)}{describe_payouts(payouts)}"
-        f"{describe_replica(replica)}"
+        f"{describe_replica(replica)}{describe_housekeeping(housekeeping)}"
         f" converge_s={numbers['converge_seconds']}"
         f"{'' if converged else ' (NOT CONVERGED)'} total_s={numbers['total_seconds']}"
     )
     return Outcome(line=line, ok=ok, figures=numbers)
+
+
+def wait_for_housekeeping(injector: "Injector", timeout: float) -> dict:
+    """Wait for beat's purge (every minute) to empty the start markers, with the
+    supervisor on duty; the rows left and how long it took, and the idempotency keys held."""
+    started = time.monotonic()
+    left = None
+    while time.monotonic() < started + timeout:
+        injector.supervise()
+        left = db_retry(lambda: StartMarker.objects.count())
+        if left == 0:
+            break
+        time.sleep(1)
+    return {"start_markers_left": left, "seconds": round(time.monotonic() - started, 1),
+            "idempotency_keys": db_retry(lambda: IdempotencyKey.objects.count())}
+
+
+def describe_housekeeping(housekeeping: dict | None) -> str:
+    if housekeeping is None:
+        return ""
+    return (f" start_markers_left={housekeeping['start_markers_left']}"
+            f" (beat's purge, {housekeeping['seconds']}s after convergence)"
+            f" idempotency_keys={housekeeping['idempotency_keys']}")
 
 
 def run(options: Options, *, say) -> Outcome:
@@ -1329,6 +1359,10 @@ def run(options: Options, *, say) -> Outcome:
             figures.webhook_drain_seconds = time.monotonic() - drain_started
             say(f"chaos: webhooks {'drained' if figures.webhooks_drained else 'NOT drained'} "
                 f"{figures.webhook_drain_seconds:.1f}s after convergence")
+        housekeeping = None
+        if options.housekeeping_timeout > 0:
+            housekeeping = wait_for_housekeeping(injector, options.housekeeping_timeout)
+            say(f"chaos:{describe_housekeeping(housekeeping)}")
         payouts = None
         if gateway is not None:
             injector.supervise()  # the gateway must answer the checks
@@ -1346,7 +1380,7 @@ def run(options: Options, *, say) -> Outcome:
             received = receiver.summary()
         outcome = measure(workload, figures, converged=converged, converge_seconds=waited, options=options,
                           total_seconds=time.monotonic() - started, log_dir=log_dir, received=received,
-                          payouts=payouts, replica=replicated)
+                          payouts=payouts, replica=replicated, housekeeping=housekeeping)
         (log_dir / "figures.json").write_text(json.dumps(outcome.figures, indent=2, default=str))
         return outcome
     finally:

@@ -161,6 +161,39 @@ class ApiClients:
         return min((a.answered for a in list(self.answers) if a.payment_id and a.sent > moment), default=None)
 
 
+@dataclass
+class ReadyzWatcher:
+    """GET /readyz twice a second: (time.monotonic(), status; 0 for no answer in 5 s)."""
+
+    base_url: str
+    answers: list[tuple[float, int]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "ReadyzWatcher":
+        self.thread = threading.Thread(target=self.run, name="readyz-watcher", daemon=True)
+        self.thread.start()
+        return self
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
+            while not self.stop.wait(0.5):
+                try:
+                    status = client.get("/readyz").status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.answers.append((time.monotonic(), status))
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+    def round_figures(self, start: float, end: float) -> dict:
+        """Seconds not ready between ``start`` and ``end``, and whether the last answer was 200."""
+        seen = [(t, status) for t, status in list(self.answers) if start <= t <= end]
+        not_ready = sum(0.5 for _, status in seen if status != 200)
+        return {"not_ready_seconds": not_ready, "ready_at_end": bool(seen) and seen[-1][1] == 200}
+
+
 def use_cluster(url: str) -> None:
     """Point this process's default connection at the cluster's multi-host URL."""
     import environ
@@ -287,6 +320,8 @@ def run(options: Options, *, say) -> dict:
     rto: list[float] = []
     gaps: list[float] = []
     converged_after: list[float] = []  # from the fault to the burst's last payment finished
+    readiness: list[dict] = []
+    readyz = None
     started = time.monotonic()
     try:
         base_port, cluster_url = start_cluster(directory, options.base_port, say)
@@ -307,7 +342,8 @@ def run(options: Options, *, say) -> dict:
                "DELAYPAY_LEASE_SECONDS": str(options.lease_seconds),
                "DELAYPAY_LOG_LEVEL": "INFO",
                # The clients stand for many users: one user's rate limit would be the figure.
-               "DELAYPAY_THROTTLE_CREATE": "1000000/min", "DELAYPAY_THROTTLE_TOKEN": "1000000/min"}
+               "DELAYPAY_THROTTLE_CREATE": "1000000/min",
+               "DELAYPAY_THROTTLE_TOKEN": "1000000/min"}  # nosec B105: a rate limit, not a password
         if options.command_deadline is not None:
             env["DELAYPAY_DB_COMMAND_DEADLINE_SECONDS"] = str(options.command_deadline)
         stack = Stack(log_dir, env=env)
@@ -319,6 +355,7 @@ def run(options: Options, *, say) -> dict:
         clients = ApiClients(f"http://127.0.0.1:{port}", token, source, target, options.clients)
         wait_web(clients.base_url)
         clients.start()
+        readyz = ReadyzWatcher(clients.base_url).start()
         bursts: dict[str, tuple[str, str, int]] = {}
         deposits: Counter = Counter()
         for round_ in range(1, options.rounds + 1):
@@ -336,32 +373,40 @@ def run(options: Options, *, say) -> dict:
             say(f"failover: round {round_}: {options.mode} of {node}; first create acknowledged after "
                 f"{rto[-1]} s")
             converged = converge(list(workload.payments), options.converge_timeout)
+            wait_for(lambda: readyz.answers and readyz.answers[-1][1] == 200, timeout=30)
+            readiness.append(readyz.round_figures(fault_at, time.monotonic()))
             converged_after.append(round(time.monotonic() - fault_at, 1) if converged else float("inf"))
             gaps.append(round(clients.longest_gap(fault_at, time.monotonic()), 1))
             say(f"failover: round {round_}: burst {'converged' if converged else 'NOT converged'} "
                 f"{time.monotonic() - fault_at:.1f} s after the fault; longest gap between acknowledged "
-                f"creates {gaps[-1]} s; healing the cluster")
+                f"creates {gaps[-1]} s; /readyz not ready for {readiness[-1]['not_ready_seconds']} s; "
+                f"healing the cluster")
             ha.resume(directory)
             ha.up(directory, base_port)
             if redis is None:
                 ha.redis_up(redis_dir, base_port + 10)
         clients.finish()
+        readyz.finish()
         converge([a.payment_id for a in clients.answers if a.payment_id], options.converge_timeout)
         figures = db_retry(lambda: measure(bursts, deposits, clients, (source, target), client_deposit))
         figures |= {"mode": options.mode, "rounds": options.rounds, "rto_seconds": rto,
                     "rto_p50": sorted(rto)[len(rto) // 2], "rto_max": max(rto),
                     "write_gap_seconds": gaps, "write_gap_max": max(gaps),
                     "burst_done_after_fault_seconds": converged_after,
+                    "readyz_not_ready_seconds": [r["not_ready_seconds"] for r in readiness],
+                    "readyz_ready_after_each_round": all(r["ready_at_end"] for r in readiness),
                     "total_seconds": round(time.monotonic() - started, 1)}
         figures["ok"] = not any(figures[k] for k in ("lost", "duplicated_transfers", "conservation_errors",
                                                      "api_acknowledged_missing", "api_creates_duplicated",
                                                      "api_unfinished", "api_creates_abandoned"))
-        figures["ok"] = figures["ok"] and figures["rto_max"] < 60
+        figures["ok"] = figures["ok"] and figures["rto_max"] < 60 and figures["readyz_ready_after_each_round"]
         (log_dir / "figures.json").write_text(json.dumps(figures, indent=2, default=str))
         return figures
     finally:
         if clients is not None:
             clients.finish()
+        if readyz is not None:
+            readyz.finish()
         if stack is not None:
             stack.stop()
         if redis is not None:
@@ -425,6 +470,7 @@ def describe(figures: dict) -> str:
             "api_creates_duplicated", "rto_p50", "rto_max", "write_gap_max")
     return f"failover {'PASS' if figures['ok'] else 'FAIL'}: " + " ".join(f"{k}={figures[k]}" for k in keys) + (
         f" rto={figures['rto_seconds']} burst_done_after_fault={figures['burst_done_after_fault_seconds']}"
+        f" readyz_not_ready={figures['readyz_not_ready_seconds']}"
         f" api_errors={figures['api_errors']} total_s={figures['total_seconds']}")
 
 

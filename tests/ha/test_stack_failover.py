@@ -60,6 +60,8 @@ def test_the_primary_killed_mid_burst():
     figures = failover("kill")
     assert_nothing_lost_or_doubled(figures)
     assert figures["rto_max"] < 30  # writes resume through the same URL, no restart
+    # /readyz told the truth: not ready while no primary took writes, ready again after.
+    assert figures["readyz_not_ready_seconds"][0] > 0 and figures["readyz_ready_after_each_round"]
 
 
 def test_the_primary_frozen_for_45_seconds_mid_burst():
@@ -69,6 +71,7 @@ def test_the_primary_frozen_for_45_seconds_mid_burst():
     figures = failover("stop", "--stop-seconds", "45", "--command-deadline", "10")
     assert_nothing_lost_or_doubled(figures)
     assert figures["rto_max"] < 30
+    assert figures["readyz_not_ready_seconds"][0] > 0 and figures["readyz_ready_after_each_round"]
 
 
 def test_a_planned_switchover_mid_burst():

@@ -47,6 +47,9 @@ class Command(BaseCommand):
                             help="add one fault: every worker stopped for this many leases from t+0.5s (0: none)")
         parser.add_argument("--converge-timeout", type=float, default=d.converge_timeout,
                             help=f"seconds to wait for every payment to be terminal ({d.converge_timeout:g})")
+        parser.add_argument("--housekeeping-timeout", type=float, default=120.0,
+                            help="after convergence, seconds for beat's purge to empty the start markers; "
+                                 "0 skips the check (120)")
         parser.add_argument("--no-webhooks", action="store_true",
                             help="leave out the webhook receiver, the endpoints, the webhooks process and their checks")
         parser.add_argument("--webhook-fail-first", type=int, default=d.webhook_fail_first,
@@ -84,6 +87,7 @@ class Command(BaseCommand):
             max_attempts=o["max_attempts"], broker_outage_seconds=o["broker_outage_seconds"],
             workers_down_leases=o["workers_down_leases"],
             converge_timeout=o["converge_timeout"], webhooks=not o["no_webhooks"],
+            housekeeping_timeout=o["housekeeping_timeout"],
             webhook_fail_first=o["webhook_fail_first"], webhook_fail_share=o["webhook_fail_share"],
             webhook_drain_timeout=o["webhook_drain_timeout"],
             payouts=o["payouts"], gateway_outage_seconds=o["gateway_outage_seconds"],
