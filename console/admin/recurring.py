@@ -86,7 +86,7 @@ def rule_text(obj) -> str:
 # status each leads to and the word its report uses.
 PAUSE_SERIES = ConfirmedAct(
     name="pause",
-    title="Pause the series",
+    title="Pause",
     explanation="No further occurrence is generated until the series is resumed, and its scheduled occurrence "
     "that has not started is cancelled (a resume before it falls due generates it again). The same as the "
     "API's pause.",
@@ -95,7 +95,7 @@ PAUSE_SERIES = ConfirmedAct(
 )
 RESUME_SERIES = ConfirmedAct(
     name="resume",
-    title="Resume the series",
+    title="Resume",
     explanation="The series is active again from now: its next occurrence is the first one after now; the "
     "occurrences missed while it was paused are skipped (listed on the resumed event), not paid in a burst. "
     "The same as the API's resume.",

@@ -258,7 +258,7 @@ def test_staff_without_any_permission_sees_no_recurring_payments(series):
 def test_an_oversized_selection_changes_nothing(support_user, series, monkeypatch):
     monkeypatch.setattr("console.admin.recurring.RecurringPaymentAdmin.max_rows_per_act", 1)
     response = confirmed(admin_client_for(support_user), "pause_selected", series["daily"], series["weekly_cron"])
-    assert messages_of(response) == ["Select at most 1 recurring payments per pause the series; nothing changed."]
+    assert messages_of(response) == ["Select at most 1 recurring payments per pause; nothing changed."]
     assert RecurringPayment.objects.filter(status=RecurringStatus.ACTIVE).count() == 2
 
 
