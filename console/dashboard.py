@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import admin
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
@@ -20,12 +21,15 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from redis.exceptions import RedisError
 
+from common import broker
 from common.db import database_now
-from payments.models import BreakerState, PaymentEvent, PaymentStatus
+from payments.models import BreakerState, Heartbeat, PaymentEvent, PaymentStatus
 from payments.selectors import (
+    HeartbeatReading,
     LatenessSlot,
     OutcomeSlot,
     RailReading,
+    heartbeat_readings,
     lateness_history,
     outcomes_history,
     payment_counts_by_status,
@@ -34,6 +38,7 @@ from payments.selectors import (
     recent_outcomes,
     review_queue_health,
     schedule_health,
+    stuck_payouts_by_rail,
 )
 from webhooks.models import DeliveryStatus
 from webhooks.selectors import webhook_health
@@ -327,6 +332,98 @@ def rail_tile(reading: RailReading) -> RailTile:
     )
 
 
+# --- Processes: is each process type alive? -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    process: str  # the Procfile's name
+    signal: str  # what writes the heartbeat read
+    age: str  # since the newest heartbeat ("never" when there is none)
+    state: str  # "alive", "stale" or "missing"
+    tone: str  # green alive, red stale or missing
+    limit: str  # the age past which it is stale
+    queue: str  # the Celery queue it takes messages from ("" for beat)
+    waiting: int | None  # messages waiting in that queue; None when Redis did not answer
+
+
+# (process, its queue, the heartbeat it writes, what writes it). The worker, payouts and
+# webhooks processes write none in their work: beat sends each a process_heartbeat
+# (payments/tasks.py) every PROCESS_HEARTBEAT_SECONDS.
+PROCESS_SIGNALS = (
+    ("promoter", "promoter", Heartbeat.PROMOTER, "every promoter tick"),
+    ("worker", "execute", Heartbeat.process_name("worker"), "process_heartbeat, every {period}"),
+    ("payouts", "payouts", Heartbeat.process_name("payouts"), "process_heartbeat, every {period}"),
+    ("webhooks", "webhooks", Heartbeat.process_name("webhooks"), "process_heartbeat, every {period}"),
+)
+
+
+def process_row(process: str, *, queue: str, beat: HeartbeatReading | None, signal: str, limit: float,
+                queues: dict[str, int] | None) -> ProcessRow:
+    if beat is None:
+        state, age = "missing", "never"
+    else:
+        state, age = ("alive" if beat.age_seconds <= limit else "stale"), f"{age_text(beat.age_seconds)} ago"
+    return ProcessRow(process=process, signal=signal, age=age, state=state,
+                      tone="green" if state == "alive" else "red", limit=age_text(limit), queue=queue,
+                      waiting=None if queues is None or not queue else queues.get(queue, 0))
+
+
+def process_rows(*, beats: dict[str, HeartbeatReading], queues: dict[str, int] | None) -> list[ProcessRow]:
+    """A row per process type from the heartbeats (database clock): red when its newest
+    is older than its limit (stale) or there is none (missing). The promoter's limit is
+    readiness's (DELAYPAY_READY_MAX_TICK_AGE_SECONDS), each claim shard's too; the others'
+    PROCESS_STALE_SECONDS. Beat has no heartbeat of its own: it is alive while the
+    heartbeats it sends arrive, so it reads the newest of the worker's, payouts' and
+    webhooks' (all three stale at once: beat, or Redis)."""
+    tick_limit = settings.DELAYPAY_READY_MAX_TICK_AGE_SECONDS
+    stale = settings.PROCESS_STALE_SECONDS
+    period = age_text(settings.PROCESS_HEARTBEAT_SECONDS)
+    rows = []
+    for process, queue, name, signal in PROCESS_SIGNALS:
+        limit = tick_limit if process == "promoter" else stale
+        rows.append(process_row(process, queue=queue, beat=beats.get(name), signal=signal.format(period=period),
+                                limit=limit, queues=queues))
+    if settings.DELAYPAY_CLAIM_SHARDS > 1:
+        rows[1:1] = [
+            process_row(f"promoter, claim shard {index}", queue="", beat=beats.get(Heartbeat.shard_name(index)),
+                        signal="every tick of that shard", limit=tick_limit, queues=None)
+            for index in range(settings.DELAYPAY_CLAIM_SHARDS)
+        ]
+    sent = [beats[name] for _, _, name, _ in PROCESS_SIGNALS[1:] if name in beats]
+    newest = min(sent, key=lambda b: b.age_seconds) if sent else None
+    rows.append(process_row("beat", queue="", beat=newest, limit=stale, queues=None,
+                            signal="none of its own: the newest heartbeat it sent (worker, payouts, webhooks)"))
+    return rows
+
+
+def queue_depths() -> dict[str, int] | None:
+    """Messages waiting in each Celery queue, or None when Redis does not answer (one
+    quick PING first, as /metrics: the page never waits on a dead broker)."""
+    try:
+        broker.probe_client().ping()
+        return broker.queue_lengths()
+    except Exception:  # redis-py raises several families; the page goes on without them
+        return None
+
+
+@dataclass(frozen=True)
+class RailCause:
+    """Overdue payouts and expired leases that wait on a rail whose breaker is open."""
+
+    rail: str
+    overdue: int
+    leases_expired: int
+
+
+def lag_causes(rails: list[RailReading]) -> list[RailCause]:
+    """Of the lag tiles' rows, those that wait on a rail whose breaker is open (or held
+    open): the claim takes none of that rail's payouts until it half-opens."""
+    open_rails = [r.rail for r in rails if (r.forced or r.breaker) == BreakerState.OPEN]
+    stuck = stuck_payouts_by_rail(rails=open_rails)
+    return [RailCause(rail, *stuck[rail]) for rail in open_rails if rail in stuck]
+
+
 def dashboard_view(request):
     """Staff with view access to payments; admin_site.admin_view (urls.py) handles login."""
     if not request.user.has_perm("payments.view_scheduledpayment"):
@@ -340,7 +437,10 @@ def dashboard_view(request):
         webhooks = webhook_health()
         due = payments_due_by_minute(minutes=60)
         rails = rail_states()
+        causes = lag_causes(rails)
+        beats = heartbeat_readings()
         history_outcomes, history_lateness = history_charts()
+    queues = queue_depths()  # Redis, after the database's transaction
     since = as_of - timedelta(seconds=RECENT_SECONDS)
     finished = outcomes.executed + outcomes.failed_total
     overdue_alert = health.overdue > 0 and health.oldest_due_age_seconds > OVERDUE_ALERT_SECONDS
@@ -376,6 +476,10 @@ def dashboard_view(request):
         "lateness_chart": history_lateness,
         "readings_cache_seconds": READINGS_CACHE_SECONDS,
         "rails": [rail_tile(reading) for reading in rails],
+        "processes": process_rows(beats=beats, queues=queues),
+        "queues_unknown": queues is None,
+        "overdue_causes": [c for c in causes if c.overdue],
+        "lease_causes": [c for c in causes if c.leases_expired],
         "refresh_seconds": REFRESH_SECONDS,
     }
     return TemplateResponse(request, "admin/payments/dashboard.html", context)

@@ -415,6 +415,11 @@ PROMOTER_TICK_SECONDS = env.float("DELAYPAY_TICK_SECONDS", default=1.0)
 DELAYPAY_CLAIM_SHARDS = env.int("DELAYPAY_CLAIM_SHARDS", default=1)
 if not 1 <= DELAYPAY_CLAIM_SHARDS <= 64:
     raise ImproperlyConfigured("DELAYPAY_CLAIM_SHARDS must be between 1 and 64")
+# The process heartbeats (payments.tasks.process_heartbeat): sent every PROCESS_HEARTBEAT_SECONDS;
+# the dashboard calls a process type stale when its newest is older than PROCESS_STALE_SECONDS
+# (four periods: dead, or its queue that far behind).
+PROCESS_HEARTBEAT_SECONDS = 15.0
+PROCESS_STALE_SECONDS = 60.0
 CELERY_BEAT_SCHEDULE = {
     ("promoter-tick" if shard == 0 else f"promoter-tick-shard-{shard}"): {
         "task": "payments.tasks.promoter_tick",
@@ -430,6 +435,19 @@ CELERY_BEAT_SCHEDULE = {
         "task": "webhooks.tasks.dispatch",
         "schedule": PROMOTER_TICK_SECONDS,
         "options": {"queue": "webhooks", "expires": PROMOTER_TICK_SECONDS},
+    },
+    # Liveness of the processes whose work writes no heartbeat (the dashboard's Processes
+    # panel, console/dashboard.py): each takes one message from its queue and
+    # writes the heartbeat process:<type>. Dropped when not taken within the panel's
+    # staleness limit, so a dead process does not find a pile of them on its restart.
+    **{
+        f"heartbeat-{process}": {
+            "task": "payments.tasks.process_heartbeat",
+            "schedule": PROCESS_HEARTBEAT_SECONDS,
+            "args": [process],
+            "options": {"queue": queue, "expires": PROCESS_STALE_SECONDS},
+        }
+        for process, queue in (("worker", "execute"), ("payouts", "payouts"), ("webhooks", "webhooks"))
     },
     # Daily invariant check; logs ERROR per violated check. On the execute queue, never
     # the promoter's: a long reconcile must not delay a tick.

@@ -631,7 +631,9 @@ class Heartbeat(models.Model):
     command (``value`` = violations found); ``settlement:<rail>`` by each settlement
     reconciliation of a rail (``value`` = mismatches found) and, in the same statement,
     ``stl:<rail>:<kind>`` with that run's count of each kind (payouts/settlement.py; the
-    short prefix keeps the name within 40 characters).
+    short prefix keeps the name within 40 characters); ``process:<type>`` by the
+    ``process_heartbeat`` task beat sends to the ``worker``, ``payouts`` and ``webhooks``
+    processes' queues (the dashboard's Processes panel: payments/tasks.py).
     Times come from the database clock, so hosts' clocks never disagree about an age.
     """
 
@@ -640,6 +642,7 @@ class Heartbeat(models.Model):
     PROMOTER_SHARD = "promoter:shard:"  # + the shard's index: its ticks, when DELAYPAY_CLAIM_SHARDS > 1
     SETTLEMENT = "settlement:"  # + a rail: its last settlement reconciliation
     SETTLEMENT_KIND = "stl:"  # + rail:kind: that run's mismatches of one kind
+    PROCESS = "process:"  # + a process type (worker, payouts, webhooks): it took a message from its queue
 
     name = models.CharField(primary_key=True, max_length=40)
     beat_at = models.DateTimeField(db_default=Now())
@@ -651,6 +654,10 @@ class Heartbeat(models.Model):
     @classmethod
     def shard_name(cls, index: int) -> str:
         return f"{cls.PROMOTER_SHARD}{index}"
+
+    @classmethod
+    def process_name(cls, process: str) -> str:
+        return f"{cls.PROCESS}{process}"
 
     @classmethod
     def settlement_name(cls, rail: str, kind: str | None = None) -> str:

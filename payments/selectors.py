@@ -232,6 +232,16 @@ def schedule_health() -> ScheduleHealth:
     return ScheduleHealth(max(float(age), 0.0), overdue, in_flight, expired)
 
 
+def stuck_payouts_by_rail(*, rails: list[str]) -> dict[str, tuple[int, int]]:
+    """rail -> (overdue payouts, payouts with an expired lease) of each rail given: the
+    share of the lag numbers (schedule_health) that waits on those rails."""
+    if not rails:
+        return {}
+    with connection.cursor() as cur:
+        cur.execute(sql.STUCK_PAYOUTS_BY_RAIL, [list(rails)])
+        return {rail: (overdue, expired) for rail, overdue, expired in cur.fetchall()}
+
+
 def due_within(*, seconds: float) -> int:
     """SCHEDULED payments falling due within the next ``seconds`` (payments_due_idx)."""
     with connection.cursor() as cur:

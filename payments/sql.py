@@ -531,6 +531,20 @@ SELECT count(*)
 
 
 # EXECUTING payments with a live lease (in flight) and with an expired one (payments_lease_idx).
+# Of the rows SCHEDULE_LAG and LEASE_COUNTS count (overdue, expired leases), the payouts
+# of the rails given (%s: an array), per rail: the dashboard ties its lag tiles to a rail
+# whose breaker is open. Each branch repeats a partial index's predicate (payments_due_idx,
+# payments_lease_idx).
+STUCK_PAYOUTS_BY_RAIL = """
+SELECT rail, count(*) FILTER (WHERE status = 'SCHEDULED'), count(*) FILTER (WHERE status = 'EXECUTING')
+  FROM payments_scheduledpayment
+ WHERE rail = ANY(%s)
+   AND ((status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now())
+        OR (status = 'EXECUTING' AND lease_until < now()))
+ GROUP BY rail
+"""
+
+
 LEASE_COUNTS = """
 SELECT count(*) FILTER (WHERE lease_until >= now()), count(*) FILTER (WHERE lease_until < now())
   FROM payments_scheduledpayment WHERE status = 'EXECUTING'

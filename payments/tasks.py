@@ -14,7 +14,8 @@ from django.db import close_old_connections
 
 from common import db_deadline
 from common.backoff import TASK_RETRY
-from payments import execution, idempotency, metrics, partitions, promoter, reconciliation
+from payments import execution, idempotency, metrics, partitions, promoter, reconciliation, services
+from payments.models import Heartbeat
 
 from .worker import TRANSIENT_ERRORS, run_batch
 
@@ -29,6 +30,14 @@ def promoter_tick(shard: int = 0, shards: int = 1) -> dict:
     claims whatever its own settings say."""
     result = promoter.run_tick(shard=promoter.Shard(int(shard), int(shards)))
     return {"claimed": result.claimed, "reclaimed": result.reclaimed}
+
+
+@shared_task(name="payments.tasks.process_heartbeat", ignore_result=True)
+def process_heartbeat(process: str) -> None:
+    """Record that a process of type ``process`` took this message from its queue (beat
+    sends one to the worker, payouts and webhooks queues every PROCESS_HEARTBEAT_SECONDS:
+    nothing else those processes do writes a heartbeat)."""
+    services.heartbeat_record(name=Heartbeat.process_name(process))
 
 
 @shared_task(name="payments.tasks.purge_start_markers", ignore_result=True)

@@ -127,6 +127,11 @@ def _record(rec_id: str, kind: str, actor, data: dict | None = None, actor_name:
     )
 
 
+def _given(reason: str) -> dict:
+    """The event's ``reason`` when one was given (the API's pause and resume take none)."""
+    return {"reason": reason} if reason else {}
+
+
 def _generate(rec: RecurringPayment, occurrence_at: datetime) -> ScheduledPayment | None:
     """Create the occurrence at ``occurrence_at`` and move the schedule past it. The
     caller holds the schedule's row lock inside a transaction. None when that slot is
@@ -325,10 +330,13 @@ def _transition(rec: RecurringPayment, to: str, **changes) -> None:
         raise RecurringStateError(rec.status)
 
 
-def recurring_pause(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
+def recurring_pause(
+    *, recurring_id: str, actor, expected_version: int | None = None, reason: str = ""
+) -> RecurringPayment:
     """ACTIVE -> PAUSED: no new occurrences; the pending one is cancelled (by the
     series: a resume before it is due generates it again). Pausing a paused schedule
-    is a no-op."""
+    is a no-op. ``reason``: why (staff give one in the console); recorded on the PAUSED
+    event when given."""
     with transaction.atomic():
         rec = _locked(recurring_id)
         if rec.status == RecurringStatus.PAUSED:
@@ -338,7 +346,7 @@ def recurring_pause(*, recurring_id: str, actor, expected_version: int | None = 
         _check_version(rec, expected_version)
         _transition(rec, RecurringStatus.PAUSED)
         cancelled = _cancel_by_series(rec.id, actor, reason="paused", not_yet_due_only=False)
-        _record(rec.id, RecurringEvent.Kind.PAUSED, actor, {"cancelled": cancelled})
+        _record(rec.id, RecurringEvent.Kind.PAUSED, actor, {"cancelled": cancelled, **_given(reason)})
     return RecurringPayment.objects.get(pk=recurring_id)
 
 
@@ -365,10 +373,13 @@ def _missed_after(rec: RecurringPayment) -> datetime:
     return first_cancelled - timedelta(microseconds=1) if first_cancelled else pause.created_at
 
 
-def recurring_resume(*, recurring_id: str, actor, expected_version: int | None = None) -> RecurringPayment:
+def recurring_resume(
+    *, recurring_id: str, actor, expected_version: int | None = None, reason: str = ""
+) -> RecurringPayment:
     """PAUSED -> ACTIVE: the next occurrence is the first one after now; the ones missed
     while paused are skipped (recorded on the event), not paid in a burst. Cancels
-    nothing; an occurrence cancelled on its own stays cancelled (``kept_cancelled``)."""
+    nothing; an occurrence cancelled on its own stays cancelled (``kept_cancelled``).
+    ``reason`` as for ``recurring_pause``."""
     with transaction.atomic():
         rec = _locked(recurring_id)
         if rec.status == RecurringStatus.ACTIVE:
@@ -390,6 +401,7 @@ def recurring_resume(*, recurring_id: str, actor, expected_version: int | None =
                 "skipped": [m.isoformat() for m in skipped],
                 "skipped_truncated": len(skipped) >= SKIPPED_RECORD_LIMIT,
                 **start.record(),
+                **_given(reason),
             },
         )
     return RecurringPayment.objects.get(pk=recurring_id)

@@ -296,10 +296,10 @@ ROUTES: dict[str, Admin] = {
         (VIEW_PAYMENT, "payments.redrive_scheduledpayment"), methods=PAGE, target="parked"
     ),
     "admin:payments_recurringpayment_pause": Admin(
-        (VIEW_RECURRING, "payments.pause_recurringpayment"), methods=("POST",), target="recurring"
+        (VIEW_RECURRING, "payments.pause_recurringpayment"), methods=PAGE, target="recurring"
     ),
     "admin:payments_recurringpayment_resume": Admin(
-        (VIEW_RECURRING, "payments.pause_recurringpayment"), methods=("POST",), target="recurring"
+        (VIEW_RECURRING, "payments.pause_recurringpayment"), methods=PAGE, target="recurring"
     ),
     "admin:payments_recurringpayment_end": Admin(
         (VIEW_RECURRING, "payments.pause_recurringpayment"), methods=PAGE, target="recurring"
@@ -418,6 +418,7 @@ GROUP_ACTS = {
         "payments.redrive_scheduledpayment",
         "payments.pause_recurringpayment",
         RESEND_DELIVERY,
+        "ledger.freeze_account",
     },
     "treasury": {"ledger.deposit_account", APPROVE_DEPOSIT, FORCE_BREAKER},
 }
@@ -425,7 +426,8 @@ GROUP_ACTS = {
 
 def test_the_staff_groups_hold_what_the_roles_assume(world):
     """Every group reads every table of the console (payments and ledger) and does only
-    its own acts: nobody but a superuser freezes accounts, changes amounts or ends series."""
+    its own acts: support freezes accounts (on call when fraud is reported); nobody but a
+    superuser changes amounts."""
 
     def held(name):
         return {f"{p.content_type.app_label}.{p.codename}" for p in Group.objects.get(name=name).permissions.all()}

@@ -9,13 +9,15 @@ from common.admin_tools import (
     badge,
     change_url,
 )
-from console.admin_rails import payee_cell
+from console.admin_rails import breaker_badge, payee_cell
 from ledger.models import Account
 from payments.models import (
+    BreakerState,
     PaymentStatus,
     Payout,
     PayoutState,
     RecurringStatus,
+    ReviewReason,
     ScheduledPayment,
 )
 from payments.selectors import (
@@ -138,4 +140,39 @@ def reserved_payout_ids(payment_ids) -> set[str]:
     """Which of these payments are payouts whose funds are reserved at their rail."""
     return set(
         Payout.objects.filter(payment_id__in=payment_ids, state=PayoutState.PENDING).values_list("pk", flat=True)
+    )
+
+
+# --- the review queue: why a payment waits for staff, and the state of its rail ----------
+
+REVIEW_REASON_TEXT = {
+    ReviewReason.ATTEMPTS_EXHAUSTED: "Workers started it as many times as the retry budget allows "
+    "(DELAYPAY_MAX_ATTEMPTS) and none recorded an outcome.",
+    ReviewReason.OUTCOME_UNKNOWN: "The rail never said whether it paid this payout (timeouts or server errors "
+    "through its retry budget); its funds stay reserved until it is resolved against the rail.",
+}
+
+
+def review_reason_text(reason: str) -> str:
+    """A review reason as a sentence for staff (the code itself when it has none)."""
+    return REVIEW_REASON_TEXT.get(reason, reason or "-")
+
+
+# What an open or half-open breaker means for a payout sent to its rail now.
+BREAKER_CONSEQUENCE = {
+    BreakerState.OPEN: "its payouts are not claimed while it is open: a re-driven one waits",
+    BreakerState.HALF_OPEN: "a few probe payouts at a time until it closes",
+}
+
+
+def rail_cell(rail: str, *, breaker: str | None, forced: str = ""):
+    """A payout's rail and what its breaker says now (an internal transfer has no rail)."""
+    if not rail:
+        return "-"
+    if breaker is None:  # no state recorded for the rail yet: its breaker starts closed
+        breaker = BreakerState.CLOSED
+    consequence = BREAKER_CONSEQUENCE.get(forced or breaker, "")
+    return format_html(
+        '{} {}{}', rail, breaker_badge(breaker=breaker, forced=forced),
+        format_html(' <span class="dp-quiet">{}</span>', consequence) if consequence else "",
     )

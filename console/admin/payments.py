@@ -9,6 +9,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Subquery
 from django.http import HttpResponseRedirect, StreamingHttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -30,6 +31,7 @@ from common.admin_tools import (
 )
 from common.authz import ConflictOfInterest
 from console.admin_rails import payout_state_badge
+from console.dashboard import age_text
 from ledger.models import PendingTransfer, StaffAction
 from ledger.selectors import transfer_by_key
 from ledger.services import PENDING_PREFIX, POST_PREFIX, VOID_PREFIX
@@ -45,6 +47,8 @@ from payments.exceptions import (
 from payments.models import (
     FailureReason,
     PaymentStatus,
+    Payout,
+    RailState,
     ScheduledPayment,
 )
 from payments.selectors import (
@@ -61,7 +65,9 @@ from .display import (
     party_cell,
     payment_admin_search_condition,
     payment_link,
+    rail_cell,
     reserved_payout_ids,
+    review_reason_text,
     search_terms,
     status_badge,
     to_cell,
@@ -234,6 +240,19 @@ def export_filename(params, *, today) -> str:
     return f"{name}_{today.isoformat()}.csv"
 
 
+def in_review_queue(request) -> bool:
+    """Whether the list shows the review queue (status NEEDS_REVIEW): it has columns of its own."""
+    return request.GET.get("status__exact") == PaymentStatus.NEEDS_REVIEW
+
+
+# The review queue's columns: what staff triage on (why it waits, since when, the rail),
+# instead of the due and executed times and the failure reason, which a parked payment
+# does not have.
+REVIEW_LIST_DISPLAY = (
+    "id", "from_col", "to_col", "amount_col", "review_reason_col", "parked_since_col", "tries", "at_rail_col",
+)
+
+
 @admin.register(ScheduledPayment)
 class ScheduledPaymentAdmin(
     ActionPermissionAdminMixin,
@@ -295,6 +314,48 @@ class ScheduledPaymentAdmin(
         f"spaces or commas (at most {display.MAX_SEARCH_TERMS})."
     )
     actions = ["cancel_selected", "redrive_selected", "resolve_selected"]
+
+    # --- the review queue's columns --------------------------------------------------------
+
+    def get_list_display(self, request):
+        return REVIEW_LIST_DISPLAY if in_review_queue(request) else super().get_list_display(request)
+
+    def get_queryset(self, request):
+        """In the review queue each row carries its rail's breaker and its payout's state
+        (one subquery each over a few rows: the rail table has a row per rail)."""
+        queryset = super().get_queryset(request)
+        if in_review_queue(request):
+            rail = RailState.objects.filter(rail=OuterRef("rail"))
+            queryset = queryset.annotate(
+                rail_breaker=Subquery(rail.values("breaker")[:1]),
+                rail_forced=Subquery(rail.values("forced")[:1]),
+                payout_state=Subquery(Payout.objects.filter(pk=OuterRef("pk")).values("state")[:1]),
+            )
+        return queryset
+
+    @admin.display(description="why it waits", ordering="review_reason")
+    def review_reason_col(self, obj):
+        return format_html('{}<br><span class="dp-quiet dp-mono">{}</span>', review_reason_text(obj.review_reason),
+                           obj.review_reason)
+
+    @admin.display(description="parked since (UTC)", ordering="updated_at")
+    def parked_since_col(self, obj):
+        """A payment in review is not updated until staff act: updated_at is when it was
+        parked (payments_review_idx, the dashboard's queue age)."""
+        age = max((timezone.now() - obj.updated_at).total_seconds(), 0)
+        return format_html('{}<br><span class="dp-quiet">{} ago</span>', utc_text(obj.updated_at), age_text(age))
+
+    @admin.display(description="at the rail")
+    def at_rail_col(self, obj):
+        if not obj.rail:
+            return "-"
+        state = getattr(obj, "payout_state", None)
+        return format_html(
+            "{}<br>{}", rail_cell(obj.rail, breaker=getattr(obj, "rail_breaker", None),
+                                  forced=getattr(obj, "rail_forced", "") or ""),
+            format_html("payout {}", payout_state_badge(state)) if state else "payout not submitted yet",
+        )
+
     # Attempts and events: one timeline under the first section (change_form.html), not inlines.
     inlines = []
     fieldsets = (
@@ -516,12 +577,14 @@ class ScheduledPaymentAdmin(
             )
         }
         reserved = reserved_payout_ids(object_ids) if act.name == "cancel" else set()
-        headers = ["payment", "status", "amount", "from", "to", "due (UTC)", "tries", "review reason", "since (UTC)"]
+        rails = RailState.objects.in_bulk({p.rail for p in payments.values() if p.rail})
+        headers = ["payment", "status", "amount", "from", "to", "due (UTC)", "tries", "review reason", "since (UTC)",
+                   "rail now"]
         rows = []
         for payment_id in sorted(object_ids, key=lambda pk: (pk not in payments, pk)):
             p = payments.get(payment_id)
             if p is None:
-                rows.append(ConfirmRow([payment_id, *["-"] * 8], left_alone="no such payment"))
+                rows.append(ConfirmRow([payment_id, *["-"] * 9], left_alone="no such payment"))
                 continue
             if p.status not in act.eligible:
                 left_alone = act.ineligible
@@ -532,12 +595,19 @@ class ScheduledPaymentAdmin(
             rows.append(ConfirmRow(
                 [
                     payment_link(p.pk), status_badge(p.status), p.amount, account_cell(p.from_account),
-                    to_cell(p), utc_text(p.execute_at), p.tries, p.review_reason or "-",
-                    utc_text(p.updated_at),
+                    to_cell(p), utc_text(p.execute_at), p.tries, review_reason_text(p.review_reason),
+                    utc_text(p.updated_at), self.rail_now(p, rails),
                 ],
                 left_alone=left_alone,
             ))
         return headers, rows
+
+    @staticmethod
+    def rail_now(payment, rails: dict[str, RailState]):
+        """A payout's rail and its breaker as the confirmation page is shown: re-driving
+        payouts into an open breaker only queues them."""
+        state = rails.get(payment.rail)
+        return rail_cell(payment.rail, breaker=state.breaker if state else None, forced=state.forced if state else "")
 
     def perform_act(self, request, act: PaymentAct, object_ids: list[str], form) -> bool:
         """Run ``act`` on each payment through its service and say what happened to each.

@@ -1,10 +1,8 @@
-"""Recurring payments: their occurrences and events inline, pause, resume and end."""
+"""Recurring payments: their occurrences and events inline; pause, resume and end, each
+through a confirmation page with a reason."""
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
-from django.db.models import Count
-from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.db.models import Count, Max
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
@@ -20,7 +18,6 @@ from common.admin_tools import (
     confirmed_action,
     display_column,
     has_model_permission,
-    object_view_url,
     report,
     utc_text,
 )
@@ -43,7 +40,7 @@ from recurring.services import recurring_end, recurring_pause, recurring_resume
 from .display import admin_link, money, payment_link, status_badge
 from .payments import PayerToPayeeAdminMixin
 
-# One request pauses or resumes at most this many recurring payments.
+# One request pauses, resumes or ends at most this many recurring payments.
 MAX_RECURRING_PER_ACTION = 500
 
 
@@ -84,6 +81,27 @@ def rule_text(obj) -> str:
     return rule if obj.timezone == "UTC" else f"{rule} ({obj.timezone})"
 
 
+# Pause, resume and end: each through a confirmation page asking for a reason, recorded on
+# the series' event (paused, resumed, ended) and in the admin's history. ``extra``: the
+# status each leads to and the word its report uses.
+PAUSE_SERIES = ConfirmedAct(
+    name="pause",
+    title="Pause",
+    explanation="No further occurrence is generated until the series is resumed, and its scheduled occurrence "
+    "that has not started is cancelled (a resume before it falls due generates it again). The same as the "
+    "API's pause.",
+    permission="pause",
+    extra={"target": RecurringStatus.PAUSED, "done": "Paused"},
+)
+RESUME_SERIES = ConfirmedAct(
+    name="resume",
+    title="Resume",
+    explanation="The series is active again from now: its next occurrence is the first one after now; the "
+    "occurrences missed while it was paused are skipped (listed on the resumed event), not paid in a burst. "
+    "The same as the API's resume.",
+    permission="pause",
+    extra={"target": RecurringStatus.ACTIVE, "done": "Resumed"},
+)
 END_SERIES = ConfirmedAct(
     name="end",
     title="End the series",
@@ -91,6 +109,7 @@ END_SERIES = ConfirmedAct(
     "scheduled occurrence that has not started is cancelled. Payments of the series that already executed or "
     "failed are left as they are. The same as the API's DELETE of a recurring payment.",
     permission="pause",
+    extra={"target": RecurringStatus.ENDED, "done": "Ended"},
 )
 
 
@@ -114,8 +133,16 @@ class RecurringPaymentAdmin(
     )
     actions = ["pause_selected", "resume_selected", "end_selected"]
     inlines = [OccurrenceInline, RecurringEventInline]
-    confirmed_acts = (END_SERIES,)
+    confirmed_acts = (PAUSE_SERIES, RESUME_SERIES, END_SERIES)
     max_rows_per_act = MAX_RECURRING_PER_ACTION
+    pause_selected = confirmed_action(
+        PAUSE_SERIES,
+        "Pause selected recurring payments (their scheduled occurrence is cancelled; asks for a reason)",
+    )
+    resume_selected = confirmed_action(
+        RESUME_SERIES,
+        "Resume selected recurring payments (from now; missed occurrences are skipped; asks for a reason)",
+    )
     end_selected = confirmed_action(
         END_SERIES,
         "End selected recurring payments for good (their scheduled occurrence is cancelled; asks for a reason)",
@@ -158,82 +185,26 @@ class RecurringPaymentAdmin(
 
     search_condition = staticmethod(recurring_search_condition)
 
-    # --- pause / resume: the list actions and the detail page's buttons -------------
+    # --- pause, resume and end: a confirmation page with a reason, then the service ----------
 
     def has_pause_permission(self, request, obj=None) -> bool:
         return has_model_permission(self, request, "pause")
 
-    @admin.action(description="Pause selected recurring payments (their scheduled occurrence is cancelled)",
-                  permissions=["pause"])
-    def pause_selected(self, request, queryset):
-        self.transition_selected(request, queryset, RecurringStatus.PAUSED)
-
-    @admin.action(description="Resume selected recurring payments (from now; missed occurrences are skipped)",
-                  permissions=["pause"])
-    def resume_selected(self, request, queryset):
-        self.transition_selected(request, queryset, RecurringStatus.ACTIVE)
-
-    def transition_selected(self, request, queryset, status: str) -> None:
-        refusal = f"Select at most {MAX_RECURRING_PER_ACTION} recurring payments; nothing changed."
-        ids = self.selected_ids(request, queryset, limit=MAX_RECURRING_PER_ACTION, refusal=refusal)
-        if ids is not None:
-            self.transition_and_report(request, ids, status)
-
-    def transition_and_report(self, request, recurring_ids: list[str], status: str) -> None:
-        """Pause or resume each through the service and say what happened to each."""
-        service, verb = (
-            (recurring_pause, "Paused") if status == RecurringStatus.PAUSED else (recurring_resume, "Resumed")
-        )
-        before = dict(RecurringPayment.objects.filter(pk__in=recurring_ids).values_list("pk", "status"))
-        changed, already, refused, missing = [], [], [], []
-        for recurring_id in recurring_ids:
-            try:
-                rec = service(recurring_id=recurring_id, actor=request.user)
-            except RecurringStateError as exc:
-                refused.append(f"{recurring_id} is {exc.status}")
-                continue
-            except RecurringNotFound:
-                missing.append(recurring_id)
-                continue
-            if before.get(recurring_id) == status:
-                already.append(recurring_id)
-            else:
-                changed.append(recurring_id)
-                self.log_change(request, rec, f"{verb} from the admin.")
-        report(request, messages.SUCCESS, verb, changed)
-        report(request, messages.INFO, f"Already {status}", already)
-        report(request, messages.WARNING, "Refused", refused)
-        report(request, messages.ERROR, "No such recurring payment", missing)
-
-    def get_urls(self):
-        return [
-            object_view_url(self, "pause", self.pause_view),
-            object_view_url(self, "resume", self.resume_view),
-            *super().get_urls(),
-        ]
-
-    def pause_view(self, request, object_id):
-        return self.transition_view(request, object_id, RecurringStatus.PAUSED)
-
-    def resume_view(self, request, object_id):
-        return self.transition_view(request, object_id, RecurringStatus.ACTIVE)
-
-    def transition_view(self, request, object_id, status: str):
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        if not self.has_pause_permission(request):
-            raise PermissionDenied
-        self.transition_and_report(request, [unquote(object_id)], status)
-        return HttpResponseRedirect(reverse("admin:payments_recurringpayment_change", args=[object_id]))
-
-    # --- end: a confirmation page with a reason, then recurring_end -------------------------
-
     def confirmation_rows(self, request, act: ConfirmedAct, object_ids: list[str]):
         found = {r.pk: r for r in RecurringPayment.objects.filter(pk__in=object_ids)}
-        pending = dict(
-            ScheduledPayment.objects.filter(recurring_id__in=object_ids, status=PaymentStatus.SCHEDULED)
-            .values("recurring_id").annotate(n=Count("id")).values_list("recurring_id", "n")
-        )
+        if act.name == "resume":
+            last_header = "paused since (UTC)"
+            paused_at = dict(
+                RecurringEvent.objects.filter(recurring_id__in=object_ids, kind=RecurringEvent.Kind.PAUSED)
+                .values("recurring_id").annotate(at=Max("created_at")).values_list("recurring_id", "at")
+            )
+            last = {pk: utc_text(at) for pk, at in paused_at.items()}
+        else:
+            last_header = "scheduled occurrence to cancel"
+            last = dict(
+                ScheduledPayment.objects.filter(recurring_id__in=object_ids, status=PaymentStatus.SCHEDULED)
+                .values("recurring_id").annotate(n=Count("id")).values_list("recurring_id", "n")
+            )
         rows = []
         for recurring_id in sorted(object_ids, key=lambda pk: (pk not in found, pk)):
             rec = found.get(recurring_id)
@@ -242,28 +213,48 @@ class RecurringPaymentAdmin(
                 continue
             rows.append(ConfirmRow(
                 [admin_link(rec), rule_text(rec), status_badge(rec.status), money(rec.amount),
-                 pending.get(rec.pk, 0)],
-                left_alone="already ENDED" if rec.status == RecurringStatus.ENDED and not pending.get(rec.pk) else "",
+                 last.get(rec.pk, "-" if act.name == "resume" else 0)],
+                left_alone=self.left_alone(act, rec, pending=last.get(rec.pk, 0) if act.name == "end" else 0),
             ))
-        return ["recurring payment", "rule", "status", "amount", "scheduled occurrence to cancel"], rows
+        return ["recurring payment", "rule", "status", "amount", last_header], rows
+
+    @staticmethod
+    def left_alone(act: ConfirmedAct, rec: RecurringPayment, *, pending: int) -> str:
+        """Why ``act`` will not change ``rec`` (empty: it will), as its service decides."""
+        if act.name == "end":
+            return "already ENDED" if rec.status == RecurringStatus.ENDED and not pending else ""
+        target = act.extra["target"]
+        if rec.status == target:
+            return f"already {target}"
+        if rec.status == RecurringStatus.ENDED:
+            return f"ENDED: cannot be {act.extra['done'].lower()}"
+        return ""
 
     def perform_act(self, request, act: ConfirmedAct, object_ids: list[str], form) -> bool:
+        """Run the act's service on each id with the reason (recorded on the series'
+        event) and say what happened to each."""
         reason = form.cleaned_data["reason"]
+        target, done = act.extra["target"], act.extra["done"]
+        service = {"pause": recurring_pause, "resume": recurring_resume, "end": recurring_end}[act.name]
         before = dict(RecurringPayment.objects.filter(pk__in=object_ids).values_list("pk", "status"))
-        ended, already, missing = [], [], []
+        changed, already, refused, missing = [], [], [], []
         for recurring_id in object_ids:
             try:
-                rec = recurring_end(recurring_id=recurring_id, actor=request.user, reason=reason)
+                rec = service(recurring_id=recurring_id, actor=request.user, reason=reason)
+            except RecurringStateError as exc:
+                refused.append(f"{recurring_id} is {exc.status}")
+                continue
             except RecurringNotFound:
                 missing.append(recurring_id)
                 continue
-            if before.get(recurring_id) == RecurringStatus.ENDED:
+            if before.get(recurring_id) == target:
                 already.append(recurring_id)
             else:
-                ended.append(recurring_id)
-                self.log_change(request, rec, f"Ended from the admin: {reason}")
-        report(request, messages.SUCCESS, "Ended", ended)
-        report(request, messages.INFO, "Already ENDED", already)
+                changed.append(recurring_id)
+                self.log_change(request, rec, f"{done} from the admin: {reason}")
+        report(request, messages.SUCCESS, done, changed)
+        report(request, messages.INFO, f"Already {target}", already)
+        report(request, messages.WARNING, "Refused", refused)
         report(request, messages.ERROR, "No such recurring payment", missing)
         return True
 

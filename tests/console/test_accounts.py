@@ -115,6 +115,23 @@ def test_freeze_then_unfreeze_from_the_account_page(staff_groups):
     ]
 
 
+def test_support_freezes_an_account_at_3_am_without_a_superuser(support_user):
+    """A fraud freeze cannot wait for a superuser: the support group holds the freeze
+    (docs/reference/admin-console.md, "Staff roles"); it still asks for a reason, and the
+    staff action records it."""
+    account = funded_account()
+    client = admin_client_for(support_user)
+    assert href(act_url(account, "freeze")) in client.get(account_url(account)).content.decode()
+    listing = client.get(ACCOUNTS).content.decode()
+    assert "freeze_selected" in listing and "unfreeze_selected" in listing
+    asked = client.get(act_url(account, "freeze"))
+    assert asked.status_code == 200 and asked.templates[0].name == "admin/confirm_act.html"
+    client.post(act_url(account, "freeze"), {"confirmed": "1", "reason": "card fraud reported 03:02"})
+    assert Account.objects.get(pk=account.pk).status == Account.Status.FROZEN
+    action = StaffAction.objects.get(account=account)
+    assert (action.action, action.actor, action.reason) == ("freeze", support_user, "card fraud reported 03:02")
+
+
 # --- the user page ---------------------------------------------------------------------------
 
 

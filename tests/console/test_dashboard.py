@@ -261,3 +261,107 @@ def test_counts_by_status_are_read_at_most_once_a_minute_and_say_when(superuser)
     assert dict(client.get(DASHBOARD).context["counts"])[PaymentStatus.SCHEDULED] == 1  # the minute's reading
     cache.clear()
     assert dict(client.get(DASHBOARD).context["counts"])[PaymentStatus.SCHEDULED] == 2
+
+
+# --- the Processes panel (issue 36, point 2) ------------------------------------------------
+
+
+def beats_aged(**ages_seconds):
+    """Heartbeats of these names written ``ages_seconds`` ago on the database clock."""
+    from django.db.models.functions import Now
+
+    from payments.models import Heartbeat
+    from payments.services import heartbeats_record
+
+    heartbeats_record(values=dict.fromkeys(ages_seconds, 0))
+    for name, age in ages_seconds.items():
+        Heartbeat.objects.filter(name=name).update(beat_at=Now() - timedelta(seconds=age))
+
+
+def processes_of(response) -> dict:
+    return {row.process: row for row in response.context["processes"]}
+
+
+def test_the_processes_panel_says_which_process_types_are_alive_stale_or_missing(auditor_user, settings):
+    client = admin_client_for(auditor_user)
+    rows = processes_of(client.get(DASHBOARD))
+    assert list(rows) == ["promoter", "worker", "payouts", "webhooks", "beat"]
+    assert {row.state for row in rows.values()} == {"missing"}  # nothing ever beat: all red
+    assert {row.tone for row in rows.values()} == {"red"}
+
+    beats_aged(**{"promoter": 1, "process:worker": 5, "process:payouts": 300})
+    response = client.get(DASHBOARD)
+    rows = processes_of(response)
+    assert (rows["promoter"].state, rows["promoter"].tone, rows["promoter"].age) == ("alive", "green", "1 s ago")
+    assert (rows["worker"].state, rows["worker"].age) == ("alive", "5 s ago")
+    assert (rows["payouts"].state, rows["payouts"].tone, rows["payouts"].age) == ("stale", "red", "5 min 0 s ago")
+    assert (rows["webhooks"].state, rows["webhooks"].age) == ("missing", "never")
+    assert (rows["beat"].state, rows["beat"].age) == ("alive", "5 s ago")  # the newest heartbeat it sent
+    assert isinstance(rows["worker"].waiting, int) and rows["worker"].queue == "execute"
+    html = response.content.decode()
+    assert 'id="dp-processes"' in html
+    assert html.index('id="dp-processes"') < html.index('id="dp-oldest-due"')  # first on the page
+    assert 'id="dp-process-webhooks" class="dp-process-missing"' in html
+    assert 'id="dp-process-payouts" class="dp-process-stale"' in html
+
+    # A promoter tick older than readiness allows is stale; beat stale when all it sends are.
+    beats_aged(**{"promoter": settings.DELAYPAY_READY_MAX_TICK_AGE_SECONDS + 5, "process:worker": 120})
+    rows = processes_of(client.get(DASHBOARD))
+    assert rows["promoter"].state == "stale" and rows["beat"].state == "stale"
+
+
+def test_the_processes_panel_lists_claim_shards_and_survives_redis_down(auditor_user, settings, monkeypatch):
+    settings.DELAYPAY_CLAIM_SHARDS = 2
+    beats_aged(**{"promoter:shard:0": 1})
+    monkeypatch.setattr("console.dashboard.broker.probe_client", lambda: (_ for _ in ()).throw(ConnectionError()))
+    response = admin_client_for(auditor_user).get(DASHBOARD)
+    rows = processes_of(response)
+    assert rows["promoter, claim shard 0"].state == "alive" and rows["promoter, claim shard 1"].state == "missing"
+    assert rows["worker"].waiting is None
+    assert "unknown (Redis did not answer)" in response.content.decode()
+
+
+def test_beat_sends_each_process_type_its_heartbeat_and_the_task_records_it():
+    from django.conf import settings as django_settings
+
+    from payments.models import Heartbeat
+    from payments.tasks import process_heartbeat
+
+    schedule = django_settings.CELERY_BEAT_SCHEDULE
+    assert {name: (entry["args"], entry["options"]["queue"]) for name, entry in schedule.items()
+            if entry["task"] == "payments.tasks.process_heartbeat"} == {
+        "heartbeat-worker": (["worker"], "execute"),
+        "heartbeat-payouts": (["payouts"], "payouts"),
+        "heartbeat-webhooks": (["webhooks"], "webhooks"),
+    }
+    process_heartbeat("payouts")
+    assert Heartbeat.objects.filter(name="process:payouts").exists()
+
+
+def test_the_lag_tiles_name_an_open_rail_breaker_when_its_payouts_are_the_cause(auditor_user):
+    from payments.models import BreakerState, RailState
+    from tests.factories import payee_for
+
+    source = funded_account(balance=100)
+    payee = payee_for(source.owner)
+    now = timezone.now()
+    common = {"payer": source.owner, "from_account": source, "to_payee": payee, "rail": payee.rail, "amount": 1}
+    ScheduledPayment.objects.create(**common, execute_at=now - timedelta(minutes=5))
+    ScheduledPayment.objects.create(**common, execute_at=now - timedelta(minutes=5), status=PaymentStatus.EXECUTING,
+                                    attempt=1, claimed_at=now - timedelta(minutes=4),
+                                    lease_until=now - timedelta(minutes=3))
+    due_payment(source=source, target=funded_account(), amount=1, seconds_ago=300)  # overdue, not a payout
+    client = admin_client_for(auditor_user)
+    closed = client.get(DASHBOARD)
+    assert closed.context["overdue_causes"] == [] and "dp-overdue-cause" not in closed.content.decode()
+
+    RailState.objects.filter(rail=payee.rail).update(breaker=BreakerState.OPEN, opened_at=now)
+    response = client.get(DASHBOARD)
+    html = response.content.decode()
+    assert response.context["health"].overdue == 2
+    (overdue,) = response.context["overdue_causes"]
+    (lease,) = response.context["lease_causes"]
+    assert (overdue.rail, overdue.overdue, lease.leases_expired) == (payee.rail, 1, 1)
+    for cause in (f'id="dp-overdue-cause-{payee.rail}"', f'id="dp-lease-cause-{payee.rail}"'):
+        assert cause in html
+    assert f'href="#dp-rail-{payee.rail}"' in html and f'id="dp-rail-{payee.rail}"' in html

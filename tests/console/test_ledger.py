@@ -182,9 +182,9 @@ def test_freeze_reports_unchanged_and_refuses_system_and_closed_accounts(treasur
     assert not StaffAction.objects.exists()
 
 
-def test_freeze_needs_the_freeze_permission(support_user):
+def test_freeze_needs_the_freeze_permission(auditor_user):
     account = funded_account()
-    client = admin_client_for(support_user)
+    client = admin_client_for(auditor_user)
     assert "freeze_selected" not in client.get(ACCOUNTS).content.decode()
     assert f'href="{freeze_url(account)}"' not in client.get(account_url(account)).content.decode()
     for data in ({}, {"confirmed": "1", "reason": "r"}):

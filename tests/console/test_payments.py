@@ -507,6 +507,7 @@ def test_staff_groups_command_creates_support_auditor_and_treasury(staff_groups)
     )
     assert support == auditor | {
         "cancel_scheduledpayment", "redrive_scheduledpayment", "pause_recurringpayment", "resend_delivery",
+        "freeze_account",  # a fraud freeze at 3 a.m. needs no superuser
     }
     assert auditor == {
         "view_scheduledpayment", "view_executionattempt", "view_paymentevent", "view_recurringpayment",

@@ -1,4 +1,5 @@
-"""Recurring payments in the operations console: list, inspect, pause and resume."""
+"""Recurring payments in the operations console: list, inspect; pause, resume and end, each
+through a confirmation page with a reason."""
 
 from datetime import timedelta
 
@@ -106,23 +107,45 @@ def test_the_inlines_show_only_the_latest_rows(superuser, monkeypatch):
     assert shown == [p.occurrence_at for p in newest]
 
 
-def test_pause_and_resume_actions_call_the_services_as_the_staff_user(support_user, series):
+def confirmed(client, name, *recs, reason="customer asked"):
+    """A list action's confirmation page, submitted with ``reason``."""
+    return client.post(CHANGELIST, {
+        "action": name, "_selected_action": [r.pk for r in recs], CONFIRMED: "1", "reason": reason,
+    }, follow=True)
+
+
+def test_pause_and_resume_actions_ask_first_and_record_the_reason_on_the_event(support_user, series):
+    """Pausing cancels a scheduled payment: like every act that ends one, it shows what
+    will change and asks for a reason first, and the reason is on the series' event."""
     client = admin_client_for(support_user)
     rec = series["daily"]
-    response = action(client, "pause_selected", rec)
+    page = action(client, "pause_selected", rec, series["ended"])
+    assert page.templates[0].name == "admin/confirm_act.html"
+    assert (page.context["count"], page.context["affected"]) == (2, 1)
+    assert "ENDED: cannot be paused" in page.content.decode()
+    assert RecurringPayment.objects.get(pk=rec.pk).status == RecurringStatus.ACTIVE  # nothing yet
+    no_reason = confirmed(client, "pause_selected", rec, reason="")
+    assert no_reason.context["form"].errors["reason"]
+    assert RecurringPayment.objects.get(pk=rec.pk).status == RecurringStatus.ACTIVE
+
+    response = confirmed(client, "pause_selected", rec, reason="payer disputes the amount")
     assert messages_of(response) == [f"Paused: {rec.pk}."]
     rec.refresh_from_db()
     assert rec.status == RecurringStatus.PAUSED
     assert not ScheduledPayment.objects.filter(recurring=rec, status=PaymentStatus.SCHEDULED).exists()
     event = RecurringEvent.objects.get(recurring=rec, kind="paused")
     assert (event.actor, event.actor_user) == (f"user:{support_user.pk}", support_user)
+    assert event.data["reason"] == "payer disputes the amount"
 
-    response = action(client, "resume_selected", rec, series["ended"])
+    page = action(client, "resume_selected", rec, series["ended"])
+    assert page.templates[0].name == "admin/confirm_act.html" and page.context["affected"] == 1
+    response = confirmed(client, "resume_selected", rec, series["ended"], reason="dispute settled")
     assert messages_of(response) == [f"Resumed: {rec.pk}.", f"Refused: {series['ended'].pk} is ENDED."]
     rec.refresh_from_db()
     assert rec.status == RecurringStatus.ACTIVE
     assert ScheduledPayment.objects.filter(recurring=rec, status=PaymentStatus.SCHEDULED).count() == 1
-    assert messages_of(action(client, "resume_selected", rec)) == [f"Already ACTIVE: {rec.pk}."]
+    assert RecurringEvent.objects.get(recurring=rec, kind="resumed").data["reason"] == "dispute settled"
+    assert messages_of(confirmed(client, "resume_selected", rec)) == [f"Already ACTIVE: {rec.pk}."]
 
 
 def test_an_occurrence_cancelled_on_its_own_stays_cancelled_across_an_admin_pause_and_resume(support_user, series):
@@ -130,8 +153,8 @@ def test_an_occurrence_cancelled_on_its_own_stays_cancelled_across_an_admin_paus
     (cancelled,) = ScheduledPayment.objects.filter(recurring=rec)
     payment_cancel(payment_id=cancelled.id, actor=rec.payer)  # the payer skips this one
     client = admin_client_for(support_user)
-    assert messages_of(action(client, "pause_selected", rec)) == [f"Paused: {rec.pk}."]
-    assert messages_of(client.post(button_url(rec, "resume"), follow=True))
+    assert messages_of(confirmed(client, "pause_selected", rec)) == [f"Paused: {rec.pk}."]
+    assert messages_of(client.post(button_url(rec, "resume"), {CONFIRMED: "1", "reason": "r"}, follow=True))
     rec.refresh_from_db()
     assert rec.status == RecurringStatus.ACTIVE
     assert list(ScheduledPayment.objects.filter(recurring=rec).values_list("id", "status")) == [
@@ -144,21 +167,28 @@ def test_an_occurrence_cancelled_on_its_own_stays_cancelled_across_an_admin_paus
     ]
 
 
-def test_pause_and_resume_buttons_on_the_detail_page(support_user, series):
+def test_pause_and_resume_buttons_open_the_confirmation_page(support_user, series):
     rec = series["daily"]
     client = admin_client_for(support_user)
     page = client.get(change_url(rec)).content.decode()
-    assert 'name="pause-recurring"' in page and 'name="resume-recurring"' not in page
-    assert client.get(button_url(rec, "pause")).status_code == 405  # a GET changes nothing
-    response = client.post(button_url(rec, "pause"), follow=True)
-    assert response.redirect_chain[-1][0] == change_url(rec)
+    assert 'id="dp-pause-series"' in page and 'id="dp-resume-series"' not in page
+    asked = client.get(button_url(rec, "pause"))  # a GET shows the page, changes nothing
+    assert asked.status_code == 200 and asked.templates[0].name == "admin/confirm_act.html"
+    assert asked.context["rows"][0].cells[-1] == 1  # the scheduled occurrence the pause cancels
+    bare = client.post(button_url(rec, "pause"))  # the old one-click POST: the page again
+    assert bare.status_code == 200 and bare.templates[0].name == "admin/confirm_act.html"
+    assert RecurringPayment.objects.get(pk=rec.pk).status == RecurringStatus.ACTIVE
+    response = client.post(button_url(rec, "pause"), {CONFIRMED: "1", "reason": "fraud report"}, follow=True)
+    assert response.redirect_chain[-1][0] == reverse("admin:payments_recurringpayment_change", args=[rec.pk])
     assert messages_of(response) == [f"Paused: {rec.pk}."]
     html = response.content.decode()
-    assert 'name="resume-recurring"' in html and 'name="pause-recurring"' not in html
-    response = client.post(button_url(rec, "resume"), follow=True)
+    assert 'id="dp-resume-series"' in html and 'id="dp-pause-series"' not in html
+    asked = client.get(button_url(rec, "resume"))
+    assert asked.context["rows"][0].cells[-1] != "-"  # paused since
+    response = client.post(button_url(rec, "resume"), {CONFIRMED: "1", "reason": "cleared"}, follow=True)
     assert messages_of(response) == [f"Resumed: {rec.pk}."]
     ended = client.get(change_url(series["ended"])).content.decode()
-    assert "pause-recurring" not in ended and "resume-recurring" not in ended
+    assert "dp-pause-series" not in ended and "dp-resume-series" not in ended
 
 
 def test_staff_without_the_pause_permission_can_read_but_not_pause(auditor_user, series):
@@ -166,9 +196,10 @@ def test_staff_without_the_pause_permission_can_read_but_not_pause(auditor_user,
     client = admin_client_for(auditor_user)
     listing = client.get(CHANGELIST)
     assert listing.status_code == 200 and "pause_selected" not in listing.content.decode()
-    assert "pause-recurring" not in client.get(change_url(rec)).content.decode()
-    action(client, "pause_selected", rec)
-    assert client.post(button_url(rec, "pause")).status_code == 403
+    assert "dp-pause-series" not in client.get(change_url(rec)).content.decode()
+    assert action(client, "pause_selected", rec).status_code == 403
+    assert client.get(button_url(rec, "pause")).status_code == 403
+    assert client.post(button_url(rec, "pause"), {CONFIRMED: "1", "reason": "x"}).status_code == 403
     rec.refresh_from_db()
     assert rec.status == RecurringStatus.ACTIVE
     assert not RecurringEvent.objects.filter(recurring=rec, kind="paused").exists()
@@ -225,9 +256,9 @@ def test_staff_without_any_permission_sees_no_recurring_payments(series):
 
 
 def test_an_oversized_selection_changes_nothing(support_user, series, monkeypatch):
-    monkeypatch.setattr("console.admin.recurring.MAX_RECURRING_PER_ACTION", 1)
-    response = action(admin_client_for(support_user), "pause_selected", series["daily"], series["weekly_cron"])
-    assert messages_of(response) == ["Select at most 1 recurring payments; nothing changed."]
+    monkeypatch.setattr("console.admin.recurring.RecurringPaymentAdmin.max_rows_per_act", 1)
+    response = confirmed(admin_client_for(support_user), "pause_selected", series["daily"], series["weekly_cron"])
+    assert messages_of(response) == ["Select at most 1 recurring payments per pause; nothing changed."]
     assert RecurringPayment.objects.filter(status=RecurringStatus.ACTIVE).count() == 2
 
 

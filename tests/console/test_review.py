@@ -11,9 +11,10 @@ from django.utils import timezone
 
 from common.admin_tools import id_in_url
 from console.admin.payments import ScheduledPaymentAdmin
-from payments.models import PaymentEvent, PaymentStatus, ScheduledPayment
+from payments.models import BreakerState, PaymentEvent, PaymentStatus, RailState, ScheduledPayment
 from tests.conftest import admin_client_for
-from tests.factories import UserFactory, funded_account, future_payment, parked_payment
+from tests.console.test_payouts import reserved_payout
+from tests.factories import UserFactory, funded_account, future_payment, parked_payment, payee_for
 
 pytestmark = pytest.mark.django_db
 
@@ -72,11 +73,57 @@ def test_the_review_queue_is_a_filter_ordered_longest_waiting_first(auditor_user
     response = client.get(REVIEW_QUEUE)
     assert response.status_code == 200
     assert listed_ids(response) == [parked[0].pk, parked[1].pk]
-    html = response.content.decode()
-    assert '<span class="dp-badge dp-purple">NEEDS_REVIEW</span>' in html
     assert "Needs Review" in client.get(CHANGELIST).content.decode()  # the status filter's choice
     index = client.get(reverse("admin:index")).content.decode()
     assert f'href="{REVIEW_QUEUE}"' in index
+
+
+@pytest.fixture
+def parked_payout(accounts):
+    """A payout parked with its outcome at the rail unknown, its rail's breaker open."""
+    payout = reserved_payout(source=accounts[0], payee=payee_for(accounts[0].owner), amount=40)
+    RailState.objects.filter(rail="sandbox").update(breaker=BreakerState.OPEN, opened_at=timezone.now())
+    return payout
+
+
+def test_the_review_queue_has_triage_columns_why_since_when_and_the_rail(auditor_user, parked, parked_payout):
+    """The queue shows why each payment waits (in a sentence), since when, and for a payout
+    its rail's breaker and its state there; not the due, executed and failure columns,
+    which a parked payment does not fill."""
+    client = admin_client_for(auditor_user)
+    response = client.get(REVIEW_QUEUE)
+    assert [name for name in response.context["cl"].list_display if name != "action_checkbox"] == [
+        "id", "from_col", "to_col", "amount_col", "review_reason_col", "parked_since_col",
+        "tries", "at_rail_col",
+    ]
+    html = response.content.decode()
+    for header in ("why it waits", "parked since (utc)", "at the rail"):
+        assert header in html.lower(), header
+    assert "column-failure_reason" not in html and "executed at (UTC)" not in html
+    assert "none recorded an outcome" in html and "attempts_exhausted" in html
+    assert "The rail never said whether it paid this payout" in html and "outcome_unknown" in html
+    admin_obj = response.context["cl"].model_admin
+    rows = {obj.pk: obj for obj in response.context["cl"].result_list}
+    assert "10 min" in admin_obj.parked_since_col(rows[parked[0].pk])  # parked ten minutes ago
+    at_rail = admin_obj.at_rail_col(rows[parked_payout.pk])
+    assert "sandbox" in at_rail and 'dp-red">open<' in at_rail and "a re-driven one waits" in at_rail
+    assert 'payout <span class="dp-badge dp-purple">pending<' in at_rail
+    assert admin_obj.at_rail_col(rows[parked[1].pk]) == "-"  # an internal transfer has no rail
+    # Every other list keeps the general columns.
+    assert "column-failure_reason" in client.get(CHANGELIST).content.decode()
+
+
+def test_the_bulk_redrive_confirmation_shows_the_rails_breaker(support_user, parked, parked_payout):
+    client = admin_client_for(support_user)
+    page = act_on(client, "redrive_selected", parked[0], parked_payout)
+    assert page.context["headers"][-1] == "rail now"
+    cells = {str(row.cells[0]): row.cells[-1] for row in page.context["rows"]}
+    payout_cell = next(cell for link, cell in cells.items() if parked_payout.pk in link)
+    assert 'dp-red">open<' in payout_cell and "a re-driven one waits" in payout_cell
+    assert next(cell for link, cell in cells.items() if parked[0].pk in link) == "-"
+    RailState.objects.filter(rail="sandbox").update(forced=BreakerState.CLOSED)
+    page = act_on(client, "redrive_selected", parked_payout)
+    assert "forced closed" in str(page.context["rows"][0].cells[-1])
 
 
 def test_the_dashboard_counts_the_queue(auditor_user, parked):

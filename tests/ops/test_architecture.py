@@ -231,6 +231,7 @@ def test_the_tasks_keep_their_names_wherever_they_live():
         "payments.tasks.purge_idempotency_keys",
         "payments.tasks.ensure_partitions", "payments.tasks.archive_partitions", "payments.tasks.reconcile_daily",
         "payments.tasks.reconcile_settlement_daily", "webhooks.tasks.dispatch",
+        "payments.tasks.process_heartbeat",  # the dashboard's Processes panel (console/dashboard.py)
     }
 
 

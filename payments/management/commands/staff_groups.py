@@ -31,14 +31,18 @@ VIEW = [
 
 STAFF_GROUPS: dict[str, list[str]] = {
     # Reads everything, cancels payments that have not started, re-drives or resolves
-    # payments in review, pauses and resumes recurring payments, resends webhook deliveries
-    # (webhooks/admin.py: Delivery's change permission is its resend; nothing edits one).
+    # payments in review, pauses, resumes and ends recurring payments, resends webhook
+    # deliveries (webhooks/admin.py: Delivery's change permission is its resend; nothing
+    # edits one), and freezes or unfreezes user accounts: support is the group on call
+    # when fraud is reported, a freeze moves no money and is undone by an unfreeze, and the
+    # ledger refuses a freeze of one's own account (docs/reference/admin-console.md).
     "support": [
         *VIEW,
         "payments.cancel_scheduledpayment",
         "payments.redrive_scheduledpayment",
         "payments.pause_recurringpayment",
         "webhooks.resend_delivery",
+        "ledger.freeze_account",
     ],
     # Reads everything, changes nothing.
     "auditor": VIEW,
@@ -76,8 +80,9 @@ def staff_groups_sync() -> dict[str, int]:
 
 class Command(BaseCommand):
     help = (
-        'Create or update the "support" (view, cancel, re-drive, pause, resend webhooks), "auditor" (view only) and'
-        ' "treasury" (view, deposit, approve deposits, force a rail\'s circuit breaker) staff groups.'
+        'Create or update the "support" (view, cancel, re-drive, pause, resend webhooks, freeze accounts),'
+        ' "auditor" (view only) and "treasury" (view, deposit, approve deposits, force a rail\'s circuit'
+        " breaker) staff groups."
     )
 
     def handle(self, *args, **options):
