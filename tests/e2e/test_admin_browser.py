@@ -286,3 +286,25 @@ def test_staff_end_a_recurring_series_from_its_page_with_a_reason(live_server, b
 
     assert RecurringPayment.objects.get(pk=rec.pk).status == RecurringStatus.ENDED
     assert not ScheduledPayment.objects.filter(recurring_id=rec.pk, status="SCHEDULED").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_front_page_operations_links_wrap_at_most_to_two_lines(live_server, browser_settings):
+    """At 1440x900 the Operations module's description column once squeezed the link column
+    to a letter's width: each link wrapped one letter per line (issue 36, point 1)."""
+    staff = UserFactory(is_staff=True, is_superuser=True)
+
+    with chromium_page(live_server.url) as page:
+        page.goto("/admin/")
+        page.fill("#id_username", staff.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        links = page.locator(".app-operations th a")
+        expect(links).to_have_count(4)
+        for link in links.all():
+            height = link.evaluate("a => a.getBoundingClientRect().height")
+            line_height = link.evaluate(
+                "a => { const s = getComputedStyle(a); return s.lineHeight === 'normal'"
+                " ? 1.2 * parseFloat(s.fontSize) : parseFloat(s.lineHeight); }"
+            )
+            assert height <= 2 * line_height + 1, f"{link.inner_text()!r} is {height}px tall, line {line_height}px"
