@@ -288,6 +288,50 @@ def mend_axes_cleanup_action(site) -> None:
     }))
 
 
+class ViewOnlyAdminMixin:
+    """No add and no change, for anyone, superusers included: every field is shown read-only
+    and a POST to the add or change page is refused with 403 (Django's own check). Delete
+    is left to the ModelAdmin."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class NoDeleteAdminMixin:
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+def make_tokens_and_login_records_view_only(site) -> None:
+    """Re-register the admins of django-rest-knox's API tokens and django-axes' login
+    records as view-only (issue 36). Knox's admin edited a token's digest, key, user and
+    expiry and added tokens: a token could be extended or moved to another user with no
+    staff action recorded. Deleting (revoking) one would record no reason either, so it is
+    gone too: deactivate the user (knox refuses an inactive user's tokens) or the user logs
+    out through the API. Axes' logs (AccessLog, AccessFailureLog) are an audit trail: view
+    only. An AccessAttempt is the lockout itself: deleting one (or "Clean up expired
+    attempts") lifts it, as django-axes documents, so that stays, for superusers."""
+    from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+    from knox.models import AuthToken
+
+    mixins = {
+        AuthToken: (ViewOnlyAdminMixin, NoDeleteAdminMixin),
+        AccessAttempt: (ViewOnlyAdminMixin,),
+        AccessLog: (ViewOnlyAdminMixin, NoDeleteAdminMixin),
+        AccessFailureLog: (ViewOnlyAdminMixin, NoDeleteAdminMixin),
+    }
+    for model, bases in mixins.items():
+        model_admin = site._registry.get(model)
+        if model_admin is None:
+            continue
+        cls = type(model_admin)
+        site.unregister(model)
+        site.register(model, type(cls.__name__, (*bases, cls), {"__module__": cls.__module__}))
+
+
 def refuse_unpermitted_actions_everywhere(site) -> None:
     """Give every ModelAdmin registered on ``site`` the ActionPermissionAdminMixin,
     Django's and third-party apps' too (users, groups, tokens, login attempts): run once

@@ -260,13 +260,15 @@ ADMIN_ACTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     # for superusers (no staff group holds these).
     ("auth.User", "delete_selected"): ("auth.view_user", "auth.delete_user"),
     ("auth.Group", "delete_selected"): ("auth.view_group", "auth.delete_group"),
-    ("knox.AuthToken", "delete_selected"): ("knox.view_authtoken", "knox.delete_authtoken"),
+    # API tokens are view-only (common/admin_tools.py, make_tokens_and_login_records_view_only).
+    ("knox.AuthToken", "delete_selected"): (NOBODY,),
     ("axes.AccessAttempt", "delete_selected"): ("axes.view_accessattempt", "axes.delete_accessattempt"),
     # django-axes declares no permission on this action; ours (common/admin_tools.py,
     # mend_axes_cleanup_action) needs the delete permission. It deletes expired lockouts.
     ("axes.AccessAttempt", "cleanup_expired_attempts"): ("axes.view_accessattempt", "axes.delete_accessattempt"),
-    ("axes.AccessLog", "delete_selected"): ("axes.view_accesslog", "axes.delete_accesslog"),
-    ("axes.AccessFailureLog", "delete_selected"): ("axes.view_accessfailurelog", "axes.delete_accessfailurelog"),
+    # Login logs are an audit trail: view-only.
+    ("axes.AccessLog", "delete_selected"): (NOBODY,),
+    ("axes.AccessFailureLog", "delete_selected"): (NOBODY,),
 }  # fmt: skip
 
 # A page with a form (a confirmation asking for a reason, the deposit form): GET shows it,
