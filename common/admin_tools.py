@@ -25,6 +25,7 @@ from django.urls import get_script_prefix, path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
+from common.authz import MissingPermission
 from common.text import validate_display_text
 
 # Changelists count at most this many rows exactly; past it they show the planner's
@@ -192,8 +193,18 @@ class LatestRowsInlineFormSet(BaseInlineFormSet):
 
 def has_model_permission(model_admin, request, action: str) -> bool:
     """Whether the user holds ``<app>.<action>_<model>`` (a Meta permission such as cancel)."""
+    return request.user.has_perm(act_permission(model_admin, action))
+
+
+def act_permission(model_admin, action: str) -> str:
+    """The permission behind the ModelAdmin's ``has_<action>_permission``: the model's
+    ``<app>.<action>_<model>`` unless the ModelAdmin's ``act_permissions`` names another
+    (ledger.approve_deposit, payments.force_breaker). The 403 page names it."""
+    named = getattr(model_admin, "act_permissions", {}).get(action)
+    if named:
+        return named
     opts = model_admin.opts
-    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+    return f"{opts.app_label}.{get_permission_codename(action, opts)}"
 
 
 def object_view_url(model_admin, name: str, view):
@@ -205,7 +216,7 @@ def object_view_url(model_admin, name: str, view):
     @functools.wraps(view)
     def seen_first(request, *args, **kwargs):
         if not model_admin.has_view_or_change_permission(request):
-            raise PermissionDenied
+            raise MissingPermission(act_permission(model_admin, "view"))
         return view(request, *args, **kwargs)
 
     return path(
@@ -258,9 +269,19 @@ class ActionPermissionAdminMixin:
     def changelist_view(self, request, extra_context=None):
         if request.method == "POST" and "_save" not in request.POST:  # _save: list_editable, not an action
             allowed = self.get_actions(request)
-            if any(name and name not in allowed for name in request.POST.getlist("action")):
-                raise PermissionDenied
+            refused = [name for name in request.POST.getlist("action") if name and name not in allowed]
+            if refused:
+                raise self.action_refusal(request, refused[0])
         return super().changelist_view(request, extra_context)
+
+    def action_refusal(self, request, name: str) -> PermissionDenied:
+        """The refusal of action ``name``: naming the first permission it needs that the
+        user lacks (a MissingPermission), or a bare one for an action that does not exist."""
+        actions = {action_name: func for func, action_name, _ in self._get_base_actions()}
+        for needed in getattr(actions.get(name), "allowed_permissions", ()):
+            if not getattr(self, f"has_{needed}_permission")(request):
+                return MissingPermission(act_permission(self, needed))
+        return PermissionDenied()
 
 
 def mend_axes_cleanup_action(site) -> None:
@@ -443,7 +464,7 @@ class ConfirmedActAdminMixin:
     def act_view(self, request, object_id, act: ConfirmedAct):
         """The object page's button: the confirmation page, then back to the object."""
         if not self.act_allowed(request, act):
-            raise PermissionDenied
+            raise MissingPermission(act_permission(self, act.permission))
         pk = unquote(object_id)
         if not self.model._default_manager.filter(pk=pk).exists():
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)

@@ -236,6 +236,8 @@ def reading_of(state: RailState) -> RailReading | None:
 class RailStateAdmin(ActionPermissionAdminMixin, ConfirmedActAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """The Rails page: one row per rail."""
 
+    act_permissions = {"force_breaker": FORCE_BREAKER}  # the 403 page names it (common/admin_tools.py)
+
     list_display = (
         "rail", "effective_col", "forced_col", "forced_by", "opened_at_col", "consecutive_failures",
         "window_calls", "window_failures", "pending_col", "oldest_pending_col",

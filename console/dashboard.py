@@ -14,12 +14,12 @@ from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.core.cache import cache
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from redis.exceptions import RedisError
 
+from common.authz import MissingPermission
 from common.db import database_now
 from payments.models import BreakerState, PaymentEvent, PaymentStatus
 from payments.selectors import (
@@ -330,7 +330,7 @@ def rail_tile(reading: RailReading) -> RailTile:
 def dashboard_view(request):
     """Staff with view access to payments; admin_site.admin_view (urls.py) handles login."""
     if not request.user.has_perm("payments.view_scheduledpayment"):
-        raise PermissionDenied
+        raise MissingPermission("payments.view_scheduledpayment")
     with transaction.atomic():  # one clock: now() is the transaction's start for every reading
         as_of = database_now()
         health = schedule_health()
