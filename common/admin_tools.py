@@ -7,6 +7,7 @@ through services (cancel, freeze, deposit). Nothing here edits a row by hand.
 import functools
 import json
 import re
+import secrets
 from dataclasses import dataclass, field
 
 from django import forms
@@ -191,6 +192,13 @@ class LatestRowsInlineFormSet(BaseInlineFormSet):
         return self._latest_rows
 
 
+def see_other(url: str) -> HttpResponseRedirect:
+    """A redirect after a POST that the browser follows with a GET (303 See Other)."""
+    response = HttpResponseRedirect(url)
+    response.status_code = 303
+    return response
+
+
 def has_model_permission(model_admin, request, action: str) -> bool:
     """Whether the user holds ``<app>.<action>_<model>`` (a Meta permission such as cancel)."""
     return request.user.has_perm(act_permission(model_admin, action))
@@ -370,6 +378,13 @@ MAX_REASON_LENGTH = 500
 # The confirmation page's submit: present, the act runs; absent, the page is shown.
 CONFIRMED = "confirmed"
 
+# A list action's selection, kept in the session for its confirmation page (a GET, reached
+# by a redirect: Back never re-posts): the query parameter naming it, the session key, and
+# how many a session keeps (the oldest go first).
+SELECTION_PARAM = "selection"
+SELECTIONS_SESSION_KEY = "dp_act_selections"
+MAX_KEPT_SELECTIONS = 20
+
 
 class ReasonForm(forms.Form):
     """Why a staff member acts: recorded with their user (the payment's event history, the
@@ -395,6 +410,11 @@ class ConfirmedAct:
     permission: str  # the ModelAdmin's has_<permission>_permission decides who may
     form: type[forms.Form] = ReasonForm
     extra: dict = field(default_factory=dict)  # whatever the ModelAdmin's perform_act needs
+    # The submit button, naming the act and what it changes: {count} is "3 scheduled payments".
+    button: str = ""
+
+    def button_text(self, count: str) -> str:
+        return (self.button or f"{self.title} {{count}}").format(count=count)
 
 
 @dataclass(frozen=True)
@@ -436,6 +456,9 @@ class ConfirmedActAdminMixin:
         service refused the input itself."""
         raise NotImplementedError
 
+    def noun(self, count: int) -> str:
+        return self.opts.verbose_name if count == 1 else self.opts.verbose_name_plural
+
     def act_allowed(self, request, act: ConfirmedAct) -> bool:
         return getattr(self, f"has_{act.permission}_permission")(request)
 
@@ -443,12 +466,29 @@ class ConfirmedActAdminMixin:
         def view_for(act):
             return lambda request, object_id: self.act_view(request, object_id, act)
 
-        return [*(object_view_url(self, act.name, view_for(act)) for act in self.confirmed_acts), *super().get_urls()]
+        def selection_view_for(act):
+            return lambda request: self.selection_view(request, act)
+
+        opts = self.opts
+        # Before the object pages: "selected/<name>/" would match "<path:object_id>/<name>/".
+        selection_urls = [
+            path(
+                f"selected/{act.name}/",
+                self.admin_site.admin_view(selection_view_for(act)),
+                name=f"{opts.app_label}_{opts.model_name}_{act.name}_selected",
+            )
+            for act in self.confirmed_acts
+        ]
+        object_urls = [object_view_url(self, act.name, view_for(act)) for act in self.confirmed_acts]
+        return [*selection_urls, *object_urls, *super().get_urls()]
 
     def act_selected(self, request, queryset, act: ConfirmedAct):
-        """The bulk action. Its page posts back to the changelist with the same action,
-        the ids it listed and CONFIRMED: a row that left the list's filter meanwhile is
-        still acted on and reported, not silently skipped."""
+        """The bulk action: the selection is kept in the session and the POST answered with
+        a redirect (303) to its confirmation page, a GET: Back from the list the act
+        returns to never shows the browser's "Confirm Form Resubmission". A row that left
+        the list's filter meanwhile is still acted on and reported, not silently skipped.
+        A POST with CONFIRMED and the ids (as the confirmation page once posted back to the
+        changelist) still runs the act, then redirects to the list."""
         plural = self.opts.verbose_name_plural
         refusal = f"Select at most {self.max_rows_per_act} {plural} per {act.title.lower()}; nothing changed."
         if CONFIRMED in request.POST:
@@ -459,7 +499,44 @@ class ConfirmedActAdminMixin:
         if len(ids) > self.max_rows_per_act:
             self.message_user(request, refusal, messages.ERROR)
             return None
-        return self.act_page(request, act, ids, back_url=request.get_full_path(), bulk_action=f"{act.name}_selected")
+        if CONFIRMED in request.POST:
+            return self.act_page(
+                request, act, ids, back_url=request.get_full_path(), bulk_action=f"{act.name}_selected"
+            )
+        token = self.keep_selection(request, act, ids, back_url=request.get_full_path())
+        return see_other(f"{self.selection_url(act)}?{SELECTION_PARAM}={token}")
+
+    def selection_url(self, act: ConfirmedAct) -> str:
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{act.name}_selected")
+
+    def keep_selection(self, request, act: ConfirmedAct, ids: list[str], *, back_url: str) -> str:
+        kept = dict(request.session.get(SELECTIONS_SESSION_KEY, {}))
+        token = secrets.token_urlsafe(9)
+        kept[token] = {"act": self.selection_key(act), "ids": ids, "back": back_url}
+        request.session[SELECTIONS_SESSION_KEY] = dict(list(kept.items())[-MAX_KEPT_SELECTIONS:])
+        return token
+
+    def selection_key(self, act: ConfirmedAct) -> str:
+        return f"{self.opts.label}.{act.name}"
+
+    def selection_view(self, request, act: ConfirmedAct):
+        """The bulk action's confirmation page (GET), and its submit (POST): after the act,
+        a redirect (303) to the list it was chosen from, with the report in messages."""
+        if not self.has_view_or_change_permission(request):
+            raise MissingPermission(act_permission(self, "view"))
+        if not self.act_allowed(request, act):
+            raise MissingPermission(act_permission(self, act.permission))
+        token = request.GET.get(SELECTION_PARAM, "")
+        kept = request.session.get(SELECTIONS_SESSION_KEY, {}).get(token)
+        changelist = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist")
+        if not kept or kept.get("act") != self.selection_key(act):
+            self.message_user(
+                request, f"That {act.title.lower()} selection is no longer known; select the rows again.",
+                messages.WARNING,
+            )
+            return see_other(changelist)
+        back = kept["back"] if kept["back"].startswith(changelist) else changelist
+        return self.act_page(request, act, kept["ids"], back_url=back) or see_other(back)
 
     def act_view(self, request, object_id, act: ConfirmedAct):
         """The object page's button: the confirmation page, then back to the object."""
@@ -473,14 +550,25 @@ class ConfirmedActAdminMixin:
 
     def act_page(self, request, act: ConfirmedAct, object_ids: list[str], *, back_url: str, bulk_action: str = ""):
         """The confirmation page (asked for, or its form invalid), or None once the act ran
-        on every id and each was reported."""
+        on every id and each was reported, or was refused because none would change (the
+        page's button is disabled then)."""
         confirmed = request.method == "POST" and CONFIRMED in request.POST
         form = act.form(request.POST if confirmed else None)
-        if confirmed and form.is_valid() and self.perform_act(request, act, object_ids, form):
-            return None
         headers, rows = self.confirmation_rows(request, act, object_ids)
         count, affected = len(object_ids), sum(1 for row in rows if not row.left_alone)
-        noun = self.opts.verbose_name if count == 1 else self.opts.verbose_name_plural
+        noun = self.noun(count)
+        if confirmed and form.is_valid():
+            if not affected:  # the page's button was disabled: a stale page, or a forged submit
+                why = "; ".join(dict.fromkeys(row.left_alone for row in rows))
+                self.message_user(
+                    request,
+                    f"{act.title}: none of the {count} {noun} listed would change ({why}); nothing was done and "
+                    "your reason was not recorded.",
+                    messages.ERROR,
+                )
+                return None
+            if self.perform_act(request, act, object_ids, form):
+                return None
         context = {
             **self.admin_site.each_context(request),
             "title": f"{act.title}: {count} {noun}",
@@ -494,6 +582,7 @@ class ConfirmedActAdminMixin:
             "affected": affected,
             "left_alone": count - affected,
             "noun": noun,
+            "submit_label": act.button_text(f"{affected} {self.noun(affected)}"),
             "object_ids": object_ids,
             "bulk_action": bulk_action,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,

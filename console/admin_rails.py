@@ -208,6 +208,7 @@ RAIL_ACTS = (
         "zero. Rails without a hold are left alone. Your user and reason are logged.",
         permission="force_breaker",
         forced="",
+        button="Clear the hold on {count}",
         done="Hold cleared",
         already="No hold to clear",
     ),

@@ -549,7 +549,15 @@ class DepositRequestAdmin(
                 done.append(request_id)
                 self.log_change(request, decision.request, f"{act.done} from the admin: {reason}")
             else:
-                already.append(request_id)
+                # Another staff member decided it first (both had the page open): the
+                # decision and its reason are theirs; this one's reason goes into the
+                # request's history rather than nowhere.
+                first = decision.request
+                self.log_change(
+                    request, first,
+                    f"{act.title} submitted again after {username(first.decided_by)} had decided it: {reason}",
+                )
+                already.append(f"{request_id} (by {username(first.decided_by)}; your reason is in its history)")
         report(request, messages.SUCCESS, act.done, done)
         report(request, messages.INFO, act.already, already)
         report(request, messages.ERROR, "Refused", refused)

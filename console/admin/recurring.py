@@ -91,6 +91,7 @@ END_SERIES = ConfirmedAct(
     "scheduled occurrence that has not started is cancelled. Payments of the series that already executed or "
     "failed are left as they are. The same as the API's DELETE of a recurring payment.",
     permission="pause",
+    button="End {count}",
 )
 
 
