@@ -308,3 +308,34 @@ def test_front_page_operations_links_wrap_at_most_to_two_lines(live_server, brow
                 " ? 1.2 * parseFloat(s.fontSize) : parseFloat(s.lineHeight); }"
             )
             assert height <= 2 * line_height + 1, f"{link.inner_text()!r} is {height}px tall, line {line_height}px"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_back_after_a_list_action_shows_the_confirmation_page_again_not_a_resubmission(live_server, browser_settings):
+    """The selection's POST is answered with a redirect to the confirmation page (a GET) and
+    its submit with a redirect to the list: Back returns to the page, saying nothing is left
+    to change, where it once asked the browser to post the form again (issue 36, point 7)."""
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    payment = future_payment(source=funded_account(balance=100), target=funded_account(), minutes=30)
+
+    with chromium_page(live_server.url) as page:
+        page.goto("/admin/")
+        page.fill("#id_username", staff.username)
+        page.fill("#id_password", PASSWORD)
+        page.click("input[type=submit]")
+        expect(page.locator("#user-tools")).to_contain_text(staff.username)
+
+        page.goto(reverse("admin:payments_scheduledpayment_changelist") + "?status__exact=SCHEDULED")
+        page.check(f'input[name="_selected_action"][value="{payment.pk}"]')
+        page.select_option('select[name="action"]', "cancel_selected")
+        page.get_by_role("button", name="Go").click()
+        page.wait_for_url("**/selected/cancel/?selection=*")
+        page.fill("#id_reason", "customer asked")
+        page.get_by_role("button", name="Cancel 1 scheduled payment").click()
+        expect(page.locator(".messagelist .success")).to_have_text(f"Cancelled: {payment.pk}.")
+
+        page.go_back()
+        expect(page.locator("#dp-act-count")).to_contain_text("0 of the 1 scheduled payment listed will change")
+        expect(page.locator('input[name="_cancel"]')).to_be_disabled()
+    payment.refresh_from_db()
+    assert payment.status == PaymentStatus.CANCELLED
