@@ -295,10 +295,7 @@ def test_front_page_operations_links_wrap_at_most_to_two_lines(live_server, brow
     staff = UserFactory(is_staff=True, is_superuser=True)
 
     with chromium_page(live_server.url) as page:
-        page.goto("/admin/")
-        page.fill("#id_username", staff.username)
-        page.fill("#id_password", PASSWORD)
-        page.click("input[type=submit]")
+        log_in(page, staff)
         links = page.locator(".app-operations th a")
         expect(links).to_have_count(4)
         for link in links.all():
@@ -319,12 +316,7 @@ def test_back_after_a_list_action_shows_the_confirmation_page_again_not_a_resubm
     payment = future_payment(source=funded_account(balance=100), target=funded_account(), minutes=30)
 
     with chromium_page(live_server.url) as page:
-        page.goto("/admin/")
-        page.fill("#id_username", staff.username)
-        page.fill("#id_password", PASSWORD)
-        page.click("input[type=submit]")
-        expect(page.locator("#user-tools")).to_contain_text(staff.username)
-
+        log_in(page, staff)
         page.goto(reverse("admin:payments_scheduledpayment_changelist") + "?status__exact=SCHEDULED")
         page.check(f'input[name="_selected_action"][value="{payment.pk}"]')
         page.select_option('select[name="action"]', "cancel_selected")
