@@ -7,6 +7,7 @@ through services (cancel, freeze, deposit). Nothing here edits a row by hand.
 import functools
 import json
 import re
+import secrets
 from dataclasses import dataclass, field
 
 from django import forms
@@ -25,6 +26,7 @@ from django.urls import get_script_prefix, path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
+from common.authz import MissingPermission
 from common.text import validate_display_text
 
 # Changelists count at most this many rows exactly; past it they show the planner's
@@ -190,10 +192,27 @@ class LatestRowsInlineFormSet(BaseInlineFormSet):
         return self._latest_rows
 
 
+def see_other(url: str) -> HttpResponseRedirect:
+    """A redirect after a POST that the browser follows with a GET (303 See Other)."""
+    response = HttpResponseRedirect(url)
+    response.status_code = 303
+    return response
+
+
 def has_model_permission(model_admin, request, action: str) -> bool:
     """Whether the user holds ``<app>.<action>_<model>`` (a Meta permission such as cancel)."""
+    return request.user.has_perm(act_permission(model_admin, action))
+
+
+def act_permission(model_admin, action: str) -> str:
+    """The permission behind the ModelAdmin's ``has_<action>_permission``: the model's
+    ``<app>.<action>_<model>`` unless the ModelAdmin's ``act_permissions`` names another
+    (ledger.approve_deposit, payments.force_breaker). The 403 page names it."""
+    named = getattr(model_admin, "act_permissions", {}).get(action)
+    if named:
+        return named
     opts = model_admin.opts
-    return request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+    return f"{opts.app_label}.{get_permission_codename(action, opts)}"
 
 
 def object_view_url(model_admin, name: str, view):
@@ -205,7 +224,7 @@ def object_view_url(model_admin, name: str, view):
     @functools.wraps(view)
     def seen_first(request, *args, **kwargs):
         if not model_admin.has_view_or_change_permission(request):
-            raise PermissionDenied
+            raise MissingPermission(act_permission(model_admin, "view"))
         return view(request, *args, **kwargs)
 
     return path(
@@ -258,9 +277,19 @@ class ActionPermissionAdminMixin:
     def changelist_view(self, request, extra_context=None):
         if request.method == "POST" and "_save" not in request.POST:  # _save: list_editable, not an action
             allowed = self.get_actions(request)
-            if any(name and name not in allowed for name in request.POST.getlist("action")):
-                raise PermissionDenied
+            refused = [name for name in request.POST.getlist("action") if name and name not in allowed]
+            if refused:
+                raise self.action_refusal(request, refused[0])
         return super().changelist_view(request, extra_context)
+
+    def action_refusal(self, request, name: str) -> PermissionDenied:
+        """The refusal of action ``name``: naming the first permission it needs that the
+        user lacks (a MissingPermission), or a bare one for an action that does not exist."""
+        actions = {action_name: func for func, action_name, _ in self._get_base_actions()}
+        for needed in getattr(actions.get(name), "allowed_permissions", ()):
+            if not getattr(self, f"has_{needed}_permission")(request):
+                return MissingPermission(act_permission(self, needed))
+        return PermissionDenied()
 
 
 def mend_axes_cleanup_action(site) -> None:
@@ -288,6 +317,50 @@ def mend_axes_cleanup_action(site) -> None:
     }))
 
 
+class ViewOnlyAdminMixin:
+    """No add and no change, for anyone, superusers included: every field is shown read-only
+    and a POST to the add or change page is refused with 403 (Django's own check). Delete
+    is left to the ModelAdmin."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class NoDeleteAdminMixin:
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+def make_tokens_and_login_records_view_only(site) -> None:
+    """Re-register the admins of django-rest-knox's API tokens and django-axes' login
+    records as view-only (issue 36). Knox's admin edited a token's digest, key, user and
+    expiry and added tokens: a token could be extended or moved to another user with no
+    staff action recorded. Deleting (revoking) one would record no reason either, so it is
+    gone too: deactivate the user (knox refuses an inactive user's tokens) or the user logs
+    out through the API. Axes' logs (AccessLog, AccessFailureLog) are an audit trail: view
+    only. An AccessAttempt is the lockout itself: deleting one (or "Clean up expired
+    attempts") lifts it, as django-axes documents, so that stays, for superusers."""
+    from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+    from knox.models import AuthToken
+
+    mixins = {
+        AuthToken: (ViewOnlyAdminMixin, NoDeleteAdminMixin),
+        AccessAttempt: (ViewOnlyAdminMixin,),
+        AccessLog: (ViewOnlyAdminMixin, NoDeleteAdminMixin),
+        AccessFailureLog: (ViewOnlyAdminMixin, NoDeleteAdminMixin),
+    }
+    for model, bases in mixins.items():
+        model_admin = site._registry.get(model)
+        if model_admin is None:
+            continue
+        cls = type(model_admin)
+        site.unregister(model)
+        site.register(model, type(cls.__name__, (*bases, cls), {"__module__": cls.__module__}))
+
+
 def refuse_unpermitted_actions_everywhere(site) -> None:
     """Give every ModelAdmin registered on ``site`` the ActionPermissionAdminMixin,
     Django's and third-party apps' too (users, groups, tokens, login attempts): run once
@@ -304,6 +377,13 @@ MAX_REASON_LENGTH = 500
 
 # The confirmation page's submit: present, the act runs; absent, the page is shown.
 CONFIRMED = "confirmed"
+
+# A list action's selection, kept in the session for its confirmation page (a GET, reached
+# by a redirect: Back never re-posts): the query parameter naming it, the session key, and
+# how many a session keeps (the oldest go first).
+SELECTION_PARAM = "selection"
+SELECTIONS_SESSION_KEY = "dp_act_selections"
+MAX_KEPT_SELECTIONS = 20
 
 
 class ReasonForm(forms.Form):
@@ -330,6 +410,11 @@ class ConfirmedAct:
     permission: str  # the ModelAdmin's has_<permission>_permission decides who may
     form: type[forms.Form] = ReasonForm
     extra: dict = field(default_factory=dict)  # whatever the ModelAdmin's perform_act needs
+    # The submit button, naming the act and what it changes: {count} is "3 scheduled payments".
+    button: str = ""
+
+    def button_text(self, count: str) -> str:
+        return (self.button or f"{self.title} {{count}}").format(count=count)
 
 
 @dataclass(frozen=True)
@@ -371,6 +456,9 @@ class ConfirmedActAdminMixin:
         service refused the input itself."""
         raise NotImplementedError
 
+    def noun(self, count: int) -> str:
+        return self.opts.verbose_name if count == 1 else self.opts.verbose_name_plural
+
     def act_allowed(self, request, act: ConfirmedAct) -> bool:
         return getattr(self, f"has_{act.permission}_permission")(request)
 
@@ -378,12 +466,29 @@ class ConfirmedActAdminMixin:
         def view_for(act):
             return lambda request, object_id: self.act_view(request, object_id, act)
 
-        return [*(object_view_url(self, act.name, view_for(act)) for act in self.confirmed_acts), *super().get_urls()]
+        def selection_view_for(act):
+            return lambda request: self.selection_view(request, act)
+
+        opts = self.opts
+        # Before the object pages: "selected/<name>/" would match "<path:object_id>/<name>/".
+        selection_urls = [
+            path(
+                f"selected/{act.name}/",
+                self.admin_site.admin_view(selection_view_for(act)),
+                name=f"{opts.app_label}_{opts.model_name}_{act.name}_selected",
+            )
+            for act in self.confirmed_acts
+        ]
+        object_urls = [object_view_url(self, act.name, view_for(act)) for act in self.confirmed_acts]
+        return [*selection_urls, *object_urls, *super().get_urls()]
 
     def act_selected(self, request, queryset, act: ConfirmedAct):
-        """The bulk action. Its page posts back to the changelist with the same action,
-        the ids it listed and CONFIRMED: a row that left the list's filter meanwhile is
-        still acted on and reported, not silently skipped."""
+        """The bulk action: the selection is kept in the session and the POST answered with
+        a redirect (303) to its confirmation page, a GET: Back from the list the act
+        returns to never shows the browser's "Confirm Form Resubmission". A row that left
+        the list's filter meanwhile is still acted on and reported, not silently skipped.
+        A POST with CONFIRMED and the ids (as the confirmation page once posted back to the
+        changelist) still runs the act, then redirects to the list."""
         plural = self.opts.verbose_name_plural
         refusal = f"Select at most {self.max_rows_per_act} {plural} per {act.title.lower()}; nothing changed."
         if CONFIRMED in request.POST:
@@ -394,12 +499,49 @@ class ConfirmedActAdminMixin:
         if len(ids) > self.max_rows_per_act:
             self.message_user(request, refusal, messages.ERROR)
             return None
-        return self.act_page(request, act, ids, back_url=request.get_full_path(), bulk_action=f"{act.name}_selected")
+        if CONFIRMED in request.POST:
+            return self.act_page(
+                request, act, ids, back_url=request.get_full_path(), bulk_action=f"{act.name}_selected"
+            )
+        token = self.keep_selection(request, act, ids, back_url=request.get_full_path())
+        return see_other(f"{self.selection_url(act)}?{SELECTION_PARAM}={token}")
+
+    def selection_url(self, act: ConfirmedAct) -> str:
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{act.name}_selected")
+
+    def keep_selection(self, request, act: ConfirmedAct, ids: list[str], *, back_url: str) -> str:
+        kept = dict(request.session.get(SELECTIONS_SESSION_KEY, {}))
+        token = secrets.token_urlsafe(9)
+        kept[token] = {"act": self.selection_key(act), "ids": ids, "back": back_url}
+        request.session[SELECTIONS_SESSION_KEY] = dict(list(kept.items())[-MAX_KEPT_SELECTIONS:])
+        return token
+
+    def selection_key(self, act: ConfirmedAct) -> str:
+        return f"{self.opts.label}.{act.name}"
+
+    def selection_view(self, request, act: ConfirmedAct):
+        """The bulk action's confirmation page (GET), and its submit (POST): after the act,
+        a redirect (303) to the list it was chosen from, with the report in messages."""
+        if not self.has_view_or_change_permission(request):
+            raise MissingPermission(act_permission(self, "view"))
+        if not self.act_allowed(request, act):
+            raise MissingPermission(act_permission(self, act.permission))
+        token = request.GET.get(SELECTION_PARAM, "")
+        kept = request.session.get(SELECTIONS_SESSION_KEY, {}).get(token)
+        changelist = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist")
+        if not kept or kept.get("act") != self.selection_key(act):
+            self.message_user(
+                request, f"That {act.title.lower()} selection is no longer known; select the rows again.",
+                messages.WARNING,
+            )
+            return see_other(changelist)
+        back = kept["back"] if kept["back"].startswith(changelist) else changelist
+        return self.act_page(request, act, kept["ids"], back_url=back) or see_other(back)
 
     def act_view(self, request, object_id, act: ConfirmedAct):
         """The object page's button: the confirmation page, then back to the object."""
         if not self.act_allowed(request, act):
-            raise PermissionDenied
+            raise MissingPermission(act_permission(self, act.permission))
         pk = unquote(object_id)
         if not self.model._default_manager.filter(pk=pk).exists():
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
@@ -408,14 +550,25 @@ class ConfirmedActAdminMixin:
 
     def act_page(self, request, act: ConfirmedAct, object_ids: list[str], *, back_url: str, bulk_action: str = ""):
         """The confirmation page (asked for, or its form invalid), or None once the act ran
-        on every id and each was reported."""
+        on every id and each was reported, or was refused because none would change (the
+        page's button is disabled then)."""
         confirmed = request.method == "POST" and CONFIRMED in request.POST
         form = act.form(request.POST if confirmed else None)
-        if confirmed and form.is_valid() and self.perform_act(request, act, object_ids, form):
-            return None
         headers, rows = self.confirmation_rows(request, act, object_ids)
         count, affected = len(object_ids), sum(1 for row in rows if not row.left_alone)
-        noun = self.opts.verbose_name if count == 1 else self.opts.verbose_name_plural
+        noun = self.noun(count)
+        if confirmed and form.is_valid():
+            if not affected:  # the page's button was disabled: a stale page, or a forged submit
+                why = "; ".join(dict.fromkeys(row.left_alone for row in rows))
+                self.message_user(
+                    request,
+                    f"{act.title}: none of the {count} {noun} listed would change ({why}); nothing was done and "
+                    "your reason was not recorded.",
+                    messages.ERROR,
+                )
+                return None
+            if self.perform_act(request, act, object_ids, form):
+                return None
         context = {
             **self.admin_site.each_context(request),
             "title": f"{act.title}: {count} {noun}",
@@ -429,6 +582,7 @@ class ConfirmedActAdminMixin:
             "affected": affected,
             "left_alone": count - affected,
             "noun": noun,
+            "submit_label": act.button_text(f"{affected} {self.noun(affected)}"),
             "object_ids": object_ids,
             "bulk_action": bulk_action,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,

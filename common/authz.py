@@ -13,6 +13,7 @@ user for that read or act. Superusers hold every permission.
 """
 
 from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
 
 
 def staff_may(user, permission: str) -> bool:
@@ -41,3 +42,12 @@ class ConflictOfInterest(Exception):
     def __init__(self, detail: str):
         super().__init__(detail)
         self.detail = detail
+
+
+class MissingPermission(PermissionDenied):
+    """A console page or act refused for want of ``permission`` (``"<app_label>.<codename>"``):
+    the 403 page names it and the staff groups that grant it (console/refusal.py)."""
+
+    def __init__(self, permission: str):
+        super().__init__(f"This needs the permission {permission}.")
+        self.permission = permission

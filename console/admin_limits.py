@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from django.contrib import admin
 from django.contrib.auth import get_user_model
-from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 
+from common.authz import MissingPermission
 from payments import limits
 
 # A usage at or above this share of its cap is "near" it (amber); at the cap, red.
@@ -60,7 +60,7 @@ def row(usage: limits.Usage) -> Row:
 def limits_view(request):
     """Staff with view access to payments (as the dashboard); ``?q=`` looks up usernames."""
     if not request.user.has_perm("payments.view_scheduledpayment"):
-        raise PermissionDenied
+        raise MissingPermission("payments.view_scheduledpayment")
     query = request.GET.get("q", "").strip()
     if query:
         names = query.split()[:MAX_LOOKUP_TERMS]

@@ -208,6 +208,7 @@ RAIL_ACTS = (
         "zero. Rails without a hold are left alone. Your user and reason are logged.",
         permission="force_breaker",
         forced="",
+        button="Clear the hold on {count}",
         done="Hold cleared",
         already="No hold to clear",
     ),
@@ -235,6 +236,8 @@ def reading_of(state: RailState) -> RailReading | None:
 @admin.register(RailState)
 class RailStateAdmin(ActionPermissionAdminMixin, ConfirmedActAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """The Rails page: one row per rail."""
+
+    act_permissions = {"force_breaker": FORCE_BREAKER}  # the 403 page names it (common/admin_tools.py)
 
     list_display = (
         "rail", "effective_col", "forced_col", "forced_by", "opened_at_col", "consecutive_failures",

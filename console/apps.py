@@ -12,7 +12,12 @@ class ConsoleConfig(AppConfig):
         # run (common/admin_tools.py); the admin's autodiscovery has run by now.
         from django.contrib import admin
 
-        from common.admin_tools import mend_axes_cleanup_action, refuse_unpermitted_actions_everywhere
+        from common.admin_tools import (
+            make_tokens_and_login_records_view_only,
+            mend_axes_cleanup_action,
+            refuse_unpermitted_actions_everywhere,
+        )
 
         mend_axes_cleanup_action(admin.site)
+        make_tokens_and_login_records_view_only(admin.site)
         refuse_unpermitted_actions_everywhere(admin.site)

@@ -15,13 +15,13 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import admin
 from django.core.cache import cache
-from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from redis.exceptions import RedisError
 
 from common import broker
+from common.authz import MissingPermission
 from common.db import database_now
 from payments.models import BreakerState, Heartbeat, PaymentEvent, PaymentStatus
 from payments.selectors import (
@@ -427,7 +427,7 @@ def lag_causes(rails: list[RailReading]) -> list[RailCause]:
 def dashboard_view(request):
     """Staff with view access to payments; admin_site.admin_view (urls.py) handles login."""
     if not request.user.has_perm("payments.view_scheduledpayment"):
-        raise PermissionDenied
+        raise MissingPermission("payments.view_scheduledpayment")
     with transaction.atomic():  # one clock: now() is the transaction's start for every reading
         as_of = database_now()
         health = schedule_health()

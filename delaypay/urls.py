@@ -18,6 +18,6 @@ urlpatterns = [
 ]
 
 handler400 = "api.errors.bad_request"
-handler403 = "api.errors.permission_denied"
+handler403 = "delaypay.views.permission_denied"
 handler404 = "api.errors.not_found"
 handler500 = "api.errors.server_error"

@@ -13,7 +13,9 @@ from django.views.decorators.cache import never_cache
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.errors import error_body
+from api.errors import permission_denied as api_permission_denied
 from common import db_deadline, prometheus
+from console.refusal import refusal_page
 from delaypay import health
 from payments.collector import ScheduleCollector
 from webhooks.metrics import WebhookCollector
@@ -73,3 +75,11 @@ def metrics(request):
         return response
     collector = ScheduleCollector(counts_max_age=settings.DELAYPAY_METRICS_CACHE_SECONDS)
     return HttpResponse(prometheus.render([collector, WebhookCollector()]), content_type=CONTENT_TYPE_LATEST)
+
+
+def permission_denied(request, exception=None):
+    """The 403 handler (urls.py): the console's page under /admin/ (console/refusal.py:
+    its header, a way back, the missing permission and who grants it), else the API's."""
+    if request.path_info.startswith("/admin/"):
+        return refusal_page(request, exception)
+    return api_permission_denied(request, exception)

@@ -15,7 +15,6 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
-from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -39,7 +38,7 @@ from common.admin_tools import (
     report,
     utc_text,
 )
-from common.authz import ConflictOfInterest
+from common.authz import ConflictOfInterest, MissingPermission
 
 from .forms import DepositForm
 from .models import ISSUANCE_ACCOUNT_ID, Account, DepositRequest, PendingTransfer, StaffAction, Transfer
@@ -307,7 +306,7 @@ class AccountAdmin(
         deposit's transaction. Back or a reload returns to that same page, which then
         says the form was submitted instead of offering it again."""
         if not self.has_deposit_permission(request):
-            raise PermissionDenied
+            raise MissingPermission("ledger.deposit_account")
         account = self.get_object(request, unquote(object_id))
         if account is None:
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
@@ -493,6 +492,7 @@ class DepositRequestAdmin(
         return queryset.filter(pk__in=terms) | queryset.filter(account_id__in=terms), False
 
     confirmed_acts = DECISION_ACTS
+    act_permissions = {"approve": "ledger.approve_deposit"}  # the 403 page names it (common/admin_tools.py)
     approve_selected = confirmed_action(DECISION_ACTS[0], "Approve selected deposit requests (asks for a reason)")
     reject_selected = confirmed_action(DECISION_ACTS[1], "Reject selected deposit requests (asks for a reason)")
 
@@ -549,7 +549,15 @@ class DepositRequestAdmin(
                 done.append(request_id)
                 self.log_change(request, decision.request, f"{act.done} from the admin: {reason}")
             else:
-                already.append(request_id)
+                # Another staff member decided it first (both had the page open): the
+                # decision and its reason are theirs; this one's reason goes into the
+                # request's history rather than nowhere.
+                first = decision.request
+                self.log_change(
+                    request, first,
+                    f"{act.title} submitted again after {username(first.decided_by)} had decided it: {reason}",
+                )
+                already.append(f"{request_id} (by {username(first.decided_by)}; your reason is in its history)")
         report(request, messages.SUCCESS, act.done, done)
         report(request, messages.INFO, act.already, already)
         report(request, messages.ERROR, "Refused", refused)

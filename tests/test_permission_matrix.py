@@ -217,7 +217,9 @@ class Admin:
     methods: tuple[str, ...] = ("GET",)
     target: str = ""  # the World attribute the object URL names (default: the model's first row)
     public: bool = False  # outside the admin, not a matter of roles (probes, metrics)
-    ok: tuple[int, ...] = (200, 302)  # a page, a confirmation page, or done and redirected
+    # A page, a confirmation page, or done and redirected (303: a list action's POST answered
+    # with its confirmation page's URL, common/admin_tools.py, act_selected).
+    ok: tuple[int, ...] = (200, 302, 303)
 
     def expected(self, user) -> int | str:
         if self.public:
@@ -260,13 +262,15 @@ ADMIN_ACTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     # for superusers (no staff group holds these).
     ("auth.User", "delete_selected"): ("auth.view_user", "auth.delete_user"),
     ("auth.Group", "delete_selected"): ("auth.view_group", "auth.delete_group"),
-    ("knox.AuthToken", "delete_selected"): ("knox.view_authtoken", "knox.delete_authtoken"),
+    # API tokens are view-only (common/admin_tools.py, make_tokens_and_login_records_view_only).
+    ("knox.AuthToken", "delete_selected"): (NOBODY,),
     ("axes.AccessAttempt", "delete_selected"): ("axes.view_accessattempt", "axes.delete_accessattempt"),
     # django-axes declares no permission on this action; ours (common/admin_tools.py,
     # mend_axes_cleanup_action) needs the delete permission. It deletes expired lockouts.
     ("axes.AccessAttempt", "cleanup_expired_attempts"): ("axes.view_accessattempt", "axes.delete_accessattempt"),
-    ("axes.AccessLog", "delete_selected"): ("axes.view_accesslog", "axes.delete_accesslog"),
-    ("axes.AccessFailureLog", "delete_selected"): ("axes.view_accessfailurelog", "axes.delete_accessfailurelog"),
+    # Login logs are an audit trail: view-only.
+    ("axes.AccessLog", "delete_selected"): (NOBODY,),
+    ("axes.AccessFailureLog", "delete_selected"): (NOBODY,),
 }  # fmt: skip
 
 # A page with a form (a confirmation asking for a reason, the deposit form): GET shows it,
@@ -320,6 +324,25 @@ ROUTES: dict[str, Admin] = {
     ),
     "admin:payments_railstate_clear_hold": Admin((VIEW_RAILSTATE, FORCE_BREAKER), methods=PAGE, target="rail_state"),
     "admin:auth_user_password_change": Admin(("auth.view_user", "auth.change_user"), methods=PAGE, target="owner"),
+    # A list action's confirmation page (a GET reached by a redirect; here without a kept
+    # selection, so back to the list): the list's view permission and the act's.
+    **{
+        f"admin:{name}_selected": Admin(needs, methods=PAGE)
+        for name, needs in {
+            "payments_scheduledpayment_cancel": (VIEW_PAYMENT, "payments.cancel_scheduledpayment"),
+            "payments_scheduledpayment_redrive": (VIEW_PAYMENT, "payments.redrive_scheduledpayment"),
+            "payments_scheduledpayment_resolve": (VIEW_PAYMENT, "payments.redrive_scheduledpayment"),
+            "payments_recurringpayment_end": (VIEW_RECURRING, "payments.pause_recurringpayment"),
+            "ledger_account_freeze": (VIEW_ACCOUNT, "ledger.freeze_account"),
+            "ledger_account_unfreeze": (VIEW_ACCOUNT, "ledger.freeze_account"),
+            "ledger_depositrequest_approve": (VIEW_DEPOSIT_REQUEST, APPROVE_DEPOSIT),
+            "ledger_depositrequest_reject": (VIEW_DEPOSIT_REQUEST, APPROVE_DEPOSIT),
+            "webhooks_delivery_resend": (VIEW_DELIVERY, RESEND_DELIVERY),
+            "payments_railstate_force_open": (VIEW_RAILSTATE, FORCE_BREAKER),
+            "payments_railstate_force_closed": (VIEW_RAILSTATE, FORCE_BREAKER),
+            "payments_railstate_clear_hold": (VIEW_RAILSTATE, FORCE_BREAKER),
+        }.items()
+    },
 }
 
 
@@ -623,7 +646,7 @@ def first_row(world: World, model, target: str = ""):
     return row
 
 
-def assert_outcome(response, expected, role, ok=(200, 302)):
+def assert_outcome(response, expected, role, ok=(200, 302, 303)):
     """``expected``: "login" (sent to the admin's login page), 403, or "ok" (a status in
     ``ok``, not the login page, and no action Django quietly refused)."""
     location = response.get("Location", "")

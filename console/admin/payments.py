@@ -8,7 +8,6 @@ from datetime import UTC
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import flatten_fieldsets
-from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Subquery
 from django.http import HttpResponseRedirect, StreamingHttpResponse
 from django.urls import path, reverse
@@ -29,7 +28,7 @@ from common.admin_tools import (
     report,
     utc_text,
 )
-from common.authz import ConflictOfInterest
+from common.authz import ConflictOfInterest, MissingPermission
 from console.admin_rails import payout_state_badge
 from console.dashboard import age_text
 from ledger.models import PendingTransfer, StaffAction
@@ -463,7 +462,7 @@ class ScheduledPaymentAdmin(
         """The list as CSV: the rows of the filtered, ordered changelist (the same query
         string), streamed, at most MAX_EXPORT_ROWS (a last row says where it was cut)."""
         if not self.has_view_permission(request):
-            raise PermissionDenied
+            raise MissingPermission("payments.view_scheduledpayment")
         refused = self.refuse_nul(request)
         if refused is not None:
             return refused

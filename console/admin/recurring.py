@@ -92,6 +92,7 @@ PAUSE_SERIES = ConfirmedAct(
     "API's pause.",
     permission="pause",
     extra={"target": RecurringStatus.PAUSED, "done": "Paused"},
+    button="Pause {count}",
 )
 RESUME_SERIES = ConfirmedAct(
     name="resume",
@@ -101,6 +102,7 @@ RESUME_SERIES = ConfirmedAct(
     "The same as the API's resume.",
     permission="pause",
     extra={"target": RecurringStatus.ACTIVE, "done": "Resumed"},
+    button="Resume {count}",
 )
 END_SERIES = ConfirmedAct(
     name="end",
@@ -110,6 +112,7 @@ END_SERIES = ConfirmedAct(
     "failed are left as they are. The same as the API's DELETE of a recurring payment.",
     permission="pause",
     extra={"target": RecurringStatus.ENDED, "done": "Ended"},
+    button="End {count}",
 )
 
 

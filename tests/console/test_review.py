@@ -179,7 +179,10 @@ def test_redrive_button_asks_for_a_reason_then_redrives_once(support_user, parke
     assert (event.actor_user, event.data) == (support_user, {"reason": "bug fixed"})
 
     again = client.post(act_url(payment, "redrive"), {"confirmed": "1", "reason": "bug fixed"}, follow=True)
-    assert messages_of(again) == [f"Already re-driven: {payment.pk}."]
+    assert messages_of(again) == [
+        "Re-drive: none of the 1 scheduled payment listed would change (not in review); nothing was done and your"
+        " reason was not recorded."
+    ]
     assert len(redriven_events(payment)) == 1
 
 
@@ -207,14 +210,19 @@ def test_resolve_button_ends_the_payment_failed_and_reports_a_repeat(support_use
     event = PaymentEvent.objects.filter(payment=payment).last()
     assert (event.kind, event.actor_user, event.data["reason"]) == ("failed", support_user, "payee gone")
     again = client.post(act_url(payment, "resolve"), {"confirmed": "1", "reason": "payee gone"}, follow=True)
-    assert messages_of(again) == [f"Already resolved as failed: {payment.pk}."]
+    assert messages_of(again) == [
+        "Resolve as failed: none of the 1 scheduled payment listed would change (not in review); nothing was done"
+        " and your reason was not recorded."
+    ]
 
 
 def test_a_button_on_a_payment_not_in_review_reports_it(support_user, scheduled):
     response = admin_client_for(support_user).post(
         act_url(scheduled, "resolve"), {"confirmed": "1", "reason": "no"}, follow=True
     )
-    assert messages_of(response) == [f"Not in review: {scheduled.pk} is SCHEDULED."]
+    assert messages_of(response)[0].startswith(
+        "Resolve as failed: none of the 1 scheduled payment listed would change (not in review)"
+    )
     assert status_of(scheduled) == PaymentStatus.SCHEDULED
 
 
@@ -249,9 +257,9 @@ def test_bulk_redrive_confirms_then_reports_each_payment(support_user, parked, s
     assert [status_of(p) for p in parked] == [PaymentStatus.SCHEDULED] * 2
     assert listed_ids(done) == []  # the queue is empty now
 
-    # The same confirmation posted again (a double click): each is reported, nothing changes.
+    # The same confirmation posted again (a double click): refused, nothing changes.
     again = act_on(client, "redrive_selected", *parked, confirmed="1", reason="fixed")
-    assert messages_of(again) == [f"Already re-driven: {', '.join(sorted(p.pk for p in parked))}."]
+    assert messages_of(again)[0].startswith("Re-drive: none of the 2 scheduled payments listed would change")
     assert all(len(redriven_events(p)) == 1 for p in parked)
 
 

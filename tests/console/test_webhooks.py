@@ -90,7 +90,9 @@ def resend_page(client, delivery, **data):
 def test_resend_asks_for_a_reason_then_resends_and_records_it(support_user, delivery):
     client = admin_client_for(support_user)
     page = resend_page(client, delivery)
-    assert page.status_code == 200 and "Resend" in page.content.decode()
+    assert page.status_code == 303  # redirected to the confirmation page, a GET
+    page = client.get(page["Location"])
+    assert page.status_code == 200 and "Resend 1 delivery" in page.content.decode()
     delivery.refresh_from_db()
     assert delivery.status == DeliveryStatus.FAILED  # only the page, nothing done yet
     without_reason = resend_page(client, delivery, **{CONFIRMED: "1"})

@@ -286,3 +286,48 @@ def test_staff_end_a_recurring_series_from_its_page_with_a_reason(live_server, b
 
     assert RecurringPayment.objects.get(pk=rec.pk).status == RecurringStatus.ENDED
     assert not ScheduledPayment.objects.filter(recurring_id=rec.pk, status="SCHEDULED").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_front_page_operations_links_wrap_at_most_to_two_lines(live_server, browser_settings):
+    """At 1440x900 the Operations module's description column once squeezed the link column
+    to a letter's width: each link wrapped one letter per line (issue 36, point 1)."""
+    staff = UserFactory(is_staff=True, is_superuser=True)
+
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        links = page.locator(".app-operations th a")
+        expect(links).to_have_count(4)
+        for link in links.all():
+            height = link.evaluate("a => a.getBoundingClientRect().height")
+            line_height = link.evaluate(
+                "a => { const s = getComputedStyle(a); return s.lineHeight === 'normal'"
+                " ? 1.2 * parseFloat(s.fontSize) : parseFloat(s.lineHeight); }"
+            )
+            assert height <= 2 * line_height + 1, f"{link.inner_text()!r} is {height}px tall, line {line_height}px"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_back_after_a_list_action_shows_the_confirmation_page_again_not_a_resubmission(live_server, browser_settings):
+    """The selection's POST is answered with a redirect to the confirmation page (a GET) and
+    its submit with a redirect to the list: Back returns to the page, saying nothing is left
+    to change, where it once asked the browser to post the form again (issue 36, point 7)."""
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    payment = future_payment(source=funded_account(balance=100), target=funded_account(), minutes=30)
+
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        page.goto(reverse("admin:payments_scheduledpayment_changelist") + "?status__exact=SCHEDULED")
+        page.check(f'input[name="_selected_action"][value="{payment.pk}"]')
+        page.select_option('select[name="action"]', "cancel_selected")
+        page.get_by_role("button", name="Go").click()
+        page.wait_for_url("**/selected/cancel/?selection=*")
+        page.fill("#id_reason", "customer asked")
+        page.get_by_role("button", name="Cancel 1 scheduled payment").click()
+        expect(page.locator(".messagelist .success")).to_have_text(f"Cancelled: {payment.pk}.")
+
+        page.go_back()
+        expect(page.locator("#dp-act-count")).to_contain_text("0 of the 1 scheduled payment listed will change")
+        expect(page.locator('input[name="_cancel"]')).to_be_disabled()
+    payment.refresh_from_db()
+    assert payment.status == PaymentStatus.CANCELLED

@@ -244,7 +244,8 @@ def test_the_admin_refuses_the_beneficiarys_approval_and_freeze_of_ones_own_acco
     page = client.get(url)
     assert "into an account you own" in page.content.decode()
     done = client.post(url, {"reason": "fine by me", "confirmed": "1"}, follow=True)
-    assert any("goes into an account you own" in str(m) for m in done.context["messages"])
+    # Refused before the service (the page said 0 of 1 would change), naming why.
+    assert any("into an account you own" in str(m) for m in done.context["messages"])
     assert DepositRequest.objects.get(pk=request.pk).status == "pending" and balance(theirs) == 0
 
     superuser = UserFactory(is_staff=True, is_superuser=True)
