@@ -332,6 +332,8 @@ ROUTES: dict[str, Admin] = {
             "payments_scheduledpayment_cancel": (VIEW_PAYMENT, "payments.cancel_scheduledpayment"),
             "payments_scheduledpayment_redrive": (VIEW_PAYMENT, "payments.redrive_scheduledpayment"),
             "payments_scheduledpayment_resolve": (VIEW_PAYMENT, "payments.redrive_scheduledpayment"),
+            "payments_recurringpayment_pause": (VIEW_RECURRING, "payments.pause_recurringpayment"),
+            "payments_recurringpayment_resume": (VIEW_RECURRING, "payments.pause_recurringpayment"),
             "payments_recurringpayment_end": (VIEW_RECURRING, "payments.pause_recurringpayment"),
             "ledger_account_freeze": (VIEW_ACCOUNT, "ledger.freeze_account"),
             "ledger_account_unfreeze": (VIEW_ACCOUNT, "ledger.freeze_account"),

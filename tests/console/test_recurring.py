@@ -145,7 +145,12 @@ def test_pause_and_resume_actions_ask_first_and_record_the_reason_on_the_event(s
     assert rec.status == RecurringStatus.ACTIVE
     assert ScheduledPayment.objects.filter(recurring=rec, status=PaymentStatus.SCHEDULED).count() == 1
     assert RecurringEvent.objects.get(recurring=rec, kind="resumed").data["reason"] == "dispute settled"
-    assert messages_of(confirmed(client, "resume_selected", rec)) == [f"Already ACTIVE: {rec.pk}."]
+    # Nothing listed would change: refused before any service runs (the confirmation pages'
+    # rule), the reason not recorded.
+    assert messages_of(confirmed(client, "resume_selected", rec)) == [
+        "Resume: none of the 1 recurring payment listed would change (already ACTIVE); nothing was done "
+        "and your reason was not recorded."
+    ]
 
 
 def test_an_occurrence_cancelled_on_its_own_stays_cancelled_across_an_admin_pause_and_resume(support_user, series):
