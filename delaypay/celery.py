@@ -82,6 +82,31 @@ def _cut_commands_a_frozen_primary_never_answers(**_kwargs):
 
 
 @worker_init.connect
+def _heartbeats_never_block_the_event_loop(**_kwargs):
+    # Celery's worker heartbeat (celery.worker.heartbeat.Heart, every 2 s from the event
+    # loop's timer) publishes with retry=True and no retry policy: kombu then retries the
+    # connection for ever. When Redis dies, a heartbeat that fires before the consumer has
+    # read the broken socket holds the whole event loop in that retry until Redis is back:
+    # the consumer never sees the loss, nothing else runs, not even a finished task's ack
+    # (tests/e2e/test_broker_restart.py caught it, with the worker's and then the
+    # promoter's stack in Heart._send -> retry_over_time). Sent without retry, a heartbeat
+    # to a dead Redis fails within the transport's connect options (a second), the error
+    # reaches the consumer as a lost connection, and it reconnects as it does otherwise.
+    from celery.worker import heartbeat
+
+    send = heartbeat.Heart._send
+    if getattr(send, "delaypay_guard", False):
+        return
+
+    @functools.wraps(send)
+    def _send(self, event, retry=True):
+        return send(self, event, retry=False)
+
+    _send.delaypay_guard = True
+    heartbeat.Heart._send = _send
+
+
+@worker_init.connect
 def _survive_broker_restarts(**_kwargs):
     # Workaround: with Celery 5.7.0 / kombu 5.7.0 (the newest releases) a worker, or the
     # promoter, exits when Redis restarts while one of its tasks is in flight (acks_late):

@@ -5,21 +5,16 @@ message is delivered and not yet acknowledged (acks_late): the case in which Cel
 workers exited with "AttributeError: 'NoneType' object has no attribute 'hostname'"
 (see ``_survive_broker_restarts`` in delaypay/celery.py). The test makes that case
 certain instead of likely: it holds a row lock the batch needs, so the batch is still
-running when Redis goes, and it keeps Redis down until the promoter has dropped its old
-connection and started reconnecting, and the worker too, or 20 s have passed.
+running when Redis goes, and it keeps Redis down until the worker and the promoter have
+both dropped their old connection and started reconnecting.
 
-The worker usually sees Redis go within milliseconds, as the promoter always does. In
-two full-suite runs under load (CI's, and an earlier one here) it had not after 90 s,
-and this wait failed; it never happened with the test alone (27 runs, some with the CPU
-kept busy, some six at once). Why is not known yet: the stacks of those runs were not
-kept, and the failure message now prints the stacks before the logs. The test no longer
-waits for that while the batch is blocked: after 20 s it lets the batch finish with
-Redis back, and the worker, whose late ack then meets the dead connection, must
-reconnect with the batch's message still unacknowledged (still the case this test is
-for) before the test goes on. A worker that never reconnects still fails it.
+Twice (in full-suite runs under load) one of them had not after 90 s: its event loop was
+held by Celery's heartbeat, which publishes with retry=True and no policy, so that kombu
+retried the dead connection for ever from the loop's own timer, and the consumer never
+read the broken socket (the stacks: Heart._send -> retry_over_time). The worker and the
+promoter now send heartbeats without retry (``_heartbeats_never_block_the_event_loop`` in
+delaypay/celery.py; tests/ops/test_broker_guard.py shows the block and its end).
 """
-
-import time
 
 import psycopg
 import pytest
@@ -37,10 +32,6 @@ CONSUMERS = ("worker1", "promoter")
 # Logged by a Celery consumer each time it fails to connect, after it has closed the
 # connection it lost: proof that it got through the close while Redis was down.
 RECONNECTING = "consumer: Cannot connect to"
-# Logged by a Celery consumer each time it loses its connection, whether Redis is down
-# or already back.
-CONNECTION_LOST = "consumer: Connection to broker lost"
-WORKER_GRACE = 20.0
 
 
 @pytest.fixture
@@ -62,15 +53,6 @@ def reconnecting(stack: Stack, pids: dict[str, int], before: dict[str, int]) -> 
     return all(stack.log(name).count(RECONNECTING) > before[name] for name in CONSUMERS)
 
 
-def seen_within(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def test_worker_promoter_and_beat_survive_three_redis_restarts(stack, private_redis):
     payer, payee = funded_account(balance=1000), funded_account()
     # The in-flight batches pay from an account of their own, which the test locks.
@@ -90,24 +72,15 @@ def test_worker_promoter_and_beat_survive_three_redis_restarts(stack, private_re
             wait_for_lock_waiters(1, timeout=90)
 
             before = {name: stack.log(name).count(RECONNECTING) for name in CONSUMERS}
-            lost_before = stack.log("worker1").count(CONNECTION_LOST)
             private_redis.crash()
             wait_until(
-                lambda before=before: reconnecting(stack, pids, {**before, "worker1": -1}),
+                lambda before=before: reconnecting(stack, pids, before),
                 timeout=90,
                 stack=stack,
-                what=f"the promoter to see Redis gone ({restart})",
+                what=f"both consumers to see Redis gone ({restart})",
             )
-            worker_saw_it = seen_within(lambda before=before: reconnecting(stack, pids, before), WORKER_GRACE)
             private_redis.start()  # returns once Redis answers PING
             blocker.rollback()
-        print(f"restart {restart}: the worker saw Redis gone {'while it was down' if worker_saw_it else 'after'}")
-        wait_until(
-            lambda n=lost_before: stack.log("worker1").count(CONNECTION_LOST) > n,
-            timeout=90,
-            stack=stack,
-            what=f"the worker to reconnect ({restart})",
-        )
 
         wait_until(lambda p=in_flight: executed(p), timeout=90, stack=stack, what=f"the in-flight batch ({restart})")
         # Due after the restart: claimed on a beat tick and executed through the new Redis.
