@@ -76,9 +76,10 @@ def _use_django_logging(**_kwargs):
 def _cut_commands_a_frozen_primary_never_answers(**_kwargs):
     # Every worker process (and each prefork child after the fork) gives up on a command
     # its database has not answered within the deadline (common/db_deadline.py).
-    from common import db_deadline
+    from common import db_deadline, db_failover
 
     db_deadline.install()
+    db_failover.install()  # and counts its reconnects and the primary's changes
 
 
 @worker_init.connect

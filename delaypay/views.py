@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.errors import error_body
 from api.errors import permission_denied as api_permission_denied
-from common import db_deadline, prometheus
+from common import db_deadline, db_failover, prometheus
 from console.refusal import refusal_page
 from delaypay import health
 from payments.collector import ScheduleCollector
@@ -61,9 +61,14 @@ def _authorized(request) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
-# Counted by the serving processes (common/db_deadline.py); imported here so that the
-# series is on /metrics, at 0, before the first cut, as an alert rule needs.
-_EXPORTED_FROM_THE_START = (db_deadline.commands_cut_total,)
+# Counted by the serving processes (common/db_deadline.py, common/db_failover.py);
+# imported here so that the series are on /metrics, at 0, before the first event, as the
+# alert rules need.
+_EXPORTED_FROM_THE_START = (
+    db_deadline.commands_cut_total,
+    db_failover.connections_opened_total,
+    db_failover.primary_changes_total,
+)
 
 
 @read_only

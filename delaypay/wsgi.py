@@ -24,10 +24,12 @@ django_application = get_wsgi_application()
 
 from django.conf import settings  # noqa: E402  (configured by get_wsgi_application)
 
-from common import db_deadline  # noqa: E402
+from common import db_deadline, db_failover  # noqa: E402
 
-# A frozen primary must not hold a web thread for ever (common/db_deadline.py).
+# A frozen primary must not hold a web thread for ever (common/db_deadline.py); failovers
+# and reconnects are counted (common/db_failover.py).
 db_deadline.install()
+db_failover.install()
 
 
 def body_limit(environ) -> int:
