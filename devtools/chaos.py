@@ -1110,6 +1110,36 @@ def describe_long_outage(outage: dict | None) -> str:
     )
 
 
+def duplicated_transfers() -> int:
+    """Ledger transfers written more than once for one key (each extra one counts)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM ledger_transfer"
+                    " GROUP BY key HAVING count(*) > 1) d")
+        return int(cur.fetchone()[0])
+
+
+def expected_balances(deposits: dict[str, int], payments: dict[str, tuple[str, str, int]],
+                      statuses: dict[str, str]) -> Counter:
+    """The model: deposits plus the executed payments, from the harness's own records."""
+    expected = Counter(deposits)
+    for pid, (source, target, amount) in payments.items():
+        if statuses.get(pid) == PaymentStatus.EXECUTED:
+            expected[source] -= amount
+            expected[target] += amount
+    return expected
+
+
+def conservation_errors(expected: Counter, report) -> int:
+    """Accounts whose balance is not the model's, plus reconciliation's balance checks."""
+    balances = dict(Account.objects.values_list("id", "balance"))
+    return (
+        sum(1 for acc, amount in expected.items() if balances.get(acc) != amount)
+        + report.get("balance_sum_nonzero").violations
+        + report.get("balance_mismatch").violations
+        + report.get("negative_user_balance").violations
+    )
+
+
 def measure(workload: Workload, figures: Figures, *, converged: bool, converge_seconds: float,
             options: Options, total_seconds: float, log_dir: Path, received: Summary | None = None,
             payouts: dict | None = None, replica: dict | None = None,
@@ -1124,10 +1154,8 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
     by_status = Counter(statuses.values())
     lost = sum(1 for pid in workload.payments if statuses.get(pid) not in
                (PaymentStatus.EXECUTED, PaymentStatus.FAILED, PaymentStatus.CANCELLED))
+    duplicated = duplicated_transfers()
     with connection.cursor() as cur:
-        cur.execute("SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM ledger_transfer"
-                    " GROUP BY key HAVING count(*) > 1) d")
-        duplicated = int(cur.fetchone()[0])
         cur.execute("SELECT count(*) FILTER (WHERE outcome = 'stale'),"
                     " count(*) FILTER (WHERE worker LIKE 'promoter:%%' AND outcome <> 'stale')"
                     " FROM payments_executionattempt")
@@ -1141,20 +1169,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
                 claims_while_redis_down += cur.fetchone()[0]
     outage = long_outage_figures(figures)
     hooks = webhook_figures(received, figures) if received is not None else None
-    # The model: deposits plus the executed payments, from the harness's own records.
-    expected = Counter(workload.deposits)
-    for pid, (source, target, amount) in workload.payments.items():
-        if statuses.get(pid) == PaymentStatus.EXECUTED:
-            expected[source] -= amount
-            expected[target] += amount
-    balances = dict(Account.objects.values_list("id", "balance"))
-    model_errors = sum(1 for acc, amount in expected.items() if balances.get(acc) != amount)
-    conservation = (
-        model_errors
-        + report.get("balance_sum_nonzero").violations
-        + report.get("balance_mismatch").violations
-        + report.get("negative_user_balance").violations
-    )
+    conservation = conservation_errors(expected_balances(workload.deposits, workload.payments, statuses), report)
     cancel_mismatches = sum(
         1 for pid, answer in figures.cancel_answers.items()
         if (answer == PaymentStatus.CANCELLED) != (statuses.get(pid) == PaymentStatus.CANCELLED)

@@ -38,11 +38,11 @@ from pathlib import Path
 
 import httpx
 from django.core.management import call_command
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 
 from devtools import ha
 from devtools.chaos import Options as ChaosOptions
-from devtools.chaos import build_workload, db_retry
+from devtools.chaos import build_workload, conservation_errors, db_retry, duplicated_transfers, expected_balances
 from devtools.gateway import free_port
 from devtools.processes import Stack
 from devtools.sandbox import PrivateRedis, SandboxError, pick_port, port_is_free
@@ -264,31 +264,15 @@ def measure(bursts: dict[str, tuple[str, str, int]], deposits: Counter, clients:
             client_accounts: tuple[str, str], client_deposit: int) -> dict:
     statuses = dict(ScheduledPayment.objects.values_list("id", "status"))
     lost = sum(1 for pid in bursts if statuses.get(pid) not in TERMINAL)
-    with connection.cursor() as cur:
-        cur.execute("SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM ledger_transfer"
-                    " GROUP BY key HAVING count(*) > 1) d")
-        duplicated = int(cur.fetchone()[0])
     acked = {a.payment_id for a in clients.answers if a.payment_id}
     source, target = client_accounts
     created = dict(ScheduledPayment.objects.filter(from_account_id=source).values_list("id", "status"))
-    expected = Counter(deposits)
-    for pid, (src, dst, amount) in bursts.items():
-        if statuses.get(pid) == PaymentStatus.EXECUTED:
-            expected[src] -= amount
-            expected[dst] += amount
-    expected[source] += client_deposit
-    for status in created.values():
-        if status == PaymentStatus.EXECUTED:
-            expected[source] -= 1
-            expected[target] += 1
-    balances = dict(Account.objects.values_list("id", "balance"))
+    # The API clients' creates are one unit each, from their account to their payee account.
+    expected = expected_balances({**deposits, source: client_deposit},
+                                 {**bursts, **{pid: (source, target, 1) for pid in created}}, statuses)
     report = reconcile(stuck_after_seconds=0, overdue_after_seconds=0, sample_limit=5)
-    conservation = (
-        sum(1 for acc, amount in expected.items() if balances.get(acc) != amount)
-        + report.get("balance_sum_nonzero").violations
-        + report.get("balance_mismatch").violations
-        + report.get("negative_user_balance").violations
-    )
+    duplicated = duplicated_transfers()
+    conservation = conservation_errors(expected, report)
     return {
         "payments": len(bursts),
         "by_status": dict(Counter(statuses.get(pid) for pid in bursts)),
