@@ -109,3 +109,27 @@ def test_every_task_and_beat_entry_the_docs_name_exists():
     operations = (DOCS / "reference" / "operations.md").read_text()
     purges = [name for name in settings.CELERY_BEAT_SCHEDULE if name.startswith("purge-")]
     assert purges and not [name for name in purges if f"`{name}` entry" not in operations]
+
+
+def test_every_make_target_and_manage_command_the_docs_name_exists():
+    """`make X` and `manage.py X` written anywhere in the docs, the reference pages too (the
+    README, the tutorial and the how-to guides also have their shell blocks checked in full:
+    tests/ops/test_docs_commands.py)."""
+    from django.core.management import get_commands
+
+    from tests.ops.test_docs_commands import make_targets
+
+    targets, commands = set(make_targets()), set(get_commands())
+    named, wrong = set(), []
+    for page in [ROOT / "README.md", ROOT / "CHANGELOG.md", *DOCS.rglob("*.md")]:
+        text = page.read_text()
+        for target in re.findall(r"`make ([a-z][a-z0-9-]*)", text):
+            named.add(f"make {target}")
+            if target not in targets:
+                wrong.append(f"{page.name}: make {target}")
+        for command in re.findall(r"`[^`\n]*manage\.py ([a-z_]+)", text):
+            named.add(f"manage.py {command}")
+            if command not in commands:
+                wrong.append(f"{page.name}: manage.py {command}")
+    assert {"make chaos-ha", "make test-ha", "manage.py failover", "manage.py reconcile"} <= named
+    assert wrong == []
