@@ -35,6 +35,7 @@ from payments.selectors import (
     payment_counts_by_status,
     payments_due_by_minute,
     rail_states,
+    recent_lateness,
     recent_outcomes,
     review_queue_health,
     schedule_health,
@@ -58,6 +59,10 @@ OVERDUE_ALERT_SECONDS = 60
 WEBHOOK_ALERT_SECONDS = 300
 # Failures are normal (an empty account fails its payment); a share above this is not.
 FAILED_ALERT_RATIO = 0.05
+# On time: the p99 execution lateness of the last few minutes, red above the SLO of
+# DelaypayExecutionLatenessSLO (500 ms; tens of milliseconds when the releaser releases).
+ON_TIME_SECONDS = 300
+ON_TIME_ALERT_SECONDS = 0.5
 
 # The 24 h history: outcomes per 10 minutes (144 stacked bars), lateness per minute.
 OUTCOME_BUCKET_SECONDS = 600
@@ -433,6 +438,7 @@ def dashboard_view(request):
         health = schedule_health()
         counts, counted_at = status_counts()
         outcomes = recent_outcomes(seconds=RECENT_SECONDS)
+        lateness = recent_lateness(seconds=ON_TIME_SECONDS)
         review = review_queue_health()
         webhooks = webhook_health()
         due = payments_due_by_minute(minutes=60)
@@ -464,7 +470,15 @@ def dashboard_view(request):
             (reason, n, failed_reason_url(reason, since=since, until=as_of))
             for reason, n in sorted(outcomes.failed.items(), key=lambda kv: (-kv[1], kv[0]))
         ],
-        "links": tile_links(as_of=as_of, since=since),
+        "links": {**tile_links(as_of=as_of, since=since),
+                  "on_time": events_url(kind=PaymentEvent.Kind.EXECUTED,
+                                        since=as_of - timedelta(seconds=ON_TIME_SECONDS), until=as_of)},
+        "lateness": lateness,
+        "lateness_p99": None if lateness.p99_seconds is None else seconds_text(lateness.p99_seconds),
+        "lateness_p50": None if lateness.p50_seconds is None else seconds_text(lateness.p50_seconds),
+        "lateness_alert": (lateness.p99_seconds or 0) > ON_TIME_ALERT_SECONDS,
+        "on_time_minutes": ON_TIME_SECONDS // 60,
+        "on_time_alert_ms": round(ON_TIME_ALERT_SECONDS * 1000),
         "webhooks": webhooks,
         "webhook_backlog": webhooks.events_waiting + webhooks.deliveries_pending,
         "webhook_oldest_age": age_text(webhooks.oldest_due_age_seconds),

@@ -38,6 +38,26 @@ class DegradedModeFallback(bootsteps.StartStopStep):
 app.steps["worker"].add(DegradedModeFallback)
 
 
+class ReleaseAtTheInstant(bootsteps.StartStopStep):
+    """In a promoter only: between the beat's ticks, claim what falls due at its due
+    instant (payments/release.py). One promoter of the fleet releases at a time."""
+
+    label = "release at the instant"
+
+    def include_if(self, worker) -> bool:
+        from django.conf import settings
+
+        return settings.DELAYPAY_RELEASE_ENABLED and "promoter" in worker.app.amqp.queues.consume_from
+
+    def create(self, worker):
+        from payments.release import Releaser
+
+        return Releaser.from_settings()
+
+
+app.steps["worker"].add(ReleaseAtTheInstant)
+
+
 @task_prerun.connect
 def _drop_dead_connections(**_kwargs):
     # The connection is kept between tasks (CELERY_DB_REUSE_MAX); one that died with a

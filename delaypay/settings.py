@@ -555,6 +555,18 @@ DELAYPAY_CLAIM_PER_SENDER = _per_user_cap("DELAYPAY_CLAIM_PER_SENDER", 50)
 # seconds while Redis does not answer ticks on its own timer and executes what it claims
 # in-process, at most BATCHES_PER_TICK claim batches a tick, one promoter of the fleet
 # at a time (a PostgreSQL advisory lock). ENABLED=0 turns the fallback off.
+# Release at the instant (payments/release.py): between the ticks, one promoter's thread
+# claims what falls due at its due instant. Rows falling due within one slot leave
+# together; a payment created already due waits at most the poll interval. Off: only the
+# ticks claim, up to DELAYPAY_TICK_SECONDS late.
+DELAYPAY_RELEASE_ENABLED = env.bool("DELAYPAY_RELEASE_ENABLED", default=True)
+DELAYPAY_RELEASE_SLOT_SECONDS = env.float("DELAYPAY_RELEASE_SLOT_SECONDS", default=0.01)
+DELAYPAY_RELEASE_POLL_SECONDS = env.float("DELAYPAY_RELEASE_POLL_SECONDS", default=0.05)
+if not 0 < DELAYPAY_RELEASE_SLOT_SECONDS <= DELAYPAY_RELEASE_POLL_SECONDS <= PROMOTER_TICK_SECONDS:
+    raise ImproperlyConfigured(
+        "DELAYPAY_RELEASE_SLOT_SECONDS must be above 0 and at most DELAYPAY_RELEASE_POLL_SECONDS, "
+        "itself at most DELAYPAY_TICK_SECONDS"
+    )
 DELAYPAY_FALLBACK_ENABLED = env.bool("DELAYPAY_FALLBACK_ENABLED", default=True)
 DELAYPAY_FALLBACK_AFTER_SECONDS = env.float("DELAYPAY_FALLBACK_AFTER_SECONDS", default=5.0)
 DELAYPAY_FALLBACK_BATCHES_PER_TICK = env.int("DELAYPAY_FALLBACK_BATCHES_PER_TICK", default=4)

@@ -1118,6 +1118,15 @@ def duplicated_transfers() -> int:
         return int(cur.fetchone()[0])
 
 
+def early_executions() -> int:
+    """Payments claimed or executed before their due instant, by the database's clock
+    (there must be none: payments/release.py claims at the instant, never before)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM payments_scheduledpayment"
+                    " WHERE claimed_at < execute_at OR executed_at < execute_at")
+        return int(cur.fetchone()[0])
+
+
 def expected_balances(deposits: dict[str, int], payments: dict[str, tuple[str, str, int]],
                       statuses: dict[str, str]) -> Counter:
     """The model: deposits plus the executed payments, from the harness's own records."""
@@ -1155,6 +1164,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
     lost = sum(1 for pid in workload.payments if statuses.get(pid) not in
                (PaymentStatus.EXECUTED, PaymentStatus.FAILED, PaymentStatus.CANCELLED))
     duplicated = duplicated_transfers()
+    early = early_executions()
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FILTER (WHERE outcome = 'stale'),"
                     " count(*) FILTER (WHERE worker LIKE 'promoter:%%' AND outcome <> 'stale')"
@@ -1194,6 +1204,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         "faults_skipped": dict(figures.skipped),
         "lost": lost,
         "duplicated_transfers": duplicated,
+        "early_executions": early,
         "conservation_errors": conservation,
         "stale_writes_rejected": stale_rejections_logged(log_dir),
         "stale_audit_rows": stale_rows,
@@ -1215,7 +1226,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
     }
     ok = (
         converged
-        and not (lost or duplicated or conservation or report.violations or cancel_mismatches)
+        and not (lost or duplicated or early or conservation or report.violations or cancel_mismatches)
         and webhooks_ok(hooks)
         and payouts_ok(payouts)
         and replica_ok(replica)
@@ -1226,7 +1237,7 @@ def measure(workload: Workload, figures: Figures, *, converged: bool, converge_s
         f" executed={numbers['executed']} failed={numbers['failed']} ({failed or 'none'})"
         f" cancelled={numbers['cancelled']} needs_review={numbers['needs_review']}"
         f" faults={injected} ({kinds or 'none'})"
-        f" lost={lost} duplicated_transfers={duplicated} conservation_errors={conservation}"
+        f" lost={lost} duplicated_transfers={duplicated} early={early} conservation_errors={conservation}"
         f" stale_writes_rejected={numbers['stale_writes_rejected']} (audited {stale_rows})"
         f" redelivered={figures.redelivered}"
         f" reconcile_violations={report.violations}"

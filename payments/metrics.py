@@ -30,7 +30,7 @@ from .execution import BatchResult
 logger = logging.getLogger(__name__)
 
 # Lateness is judged against an SLO of 2 s at normal load and 60 s under a 100x spike.
-LATENESS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
+LATENESS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600)
 
 claimed_total = Counter(
     "delaypay_claimed", "Payments claimed by the promoter, fresh and re-claimed (SCHEDULED or expired -> EXECUTING)."
@@ -83,6 +83,16 @@ degraded_mode = Gauge(
     "delaypay_degraded_mode",
     "1 while this promoter executes due payments from the database because Redis is down (payments/fallback.py).",
     multiprocess_mode="livemax",
+)
+releasing = Gauge(
+    "delaypay_releasing",
+    "1 while this promoter releases payments at their due instant between the ticks (payments/release.py); "
+    "one promoter of the fleet at a time.",
+    multiprocess_mode="livemax",
+)
+released_total = Counter(
+    "delaypay_released",
+    "Payments the releaser claimed at their due instant (payments/release.py); also in delaypay_claimed_total.",
 )
 degraded_executed_total = Counter(
     "delaypay_degraded_executed",
@@ -162,6 +172,18 @@ def record_tick(result) -> None:
     reclaimed_total.inc(result.reclaimed)
     promoter_tick_seconds.observe(result.seconds)
     observe_many(dispatch_lateness_seconds, result.dispatch_lateness)
+
+
+def record_release(result) -> None:
+    """Count one release round, a ``release.Round`` (payments/release.py)."""
+    claimed_total.inc(result.claimed)
+    released_total.inc(result.claimed)
+    observe_many(dispatch_lateness_seconds, result.dispatch_lateness)
+
+
+def record_releasing(active: bool) -> None:
+    """This promoter holds (1) or gave up (0) the release lock."""
+    releasing.set(1 if active else 0)
 
 
 def record_degraded(*, active: bool, executed: int = 0) -> None:

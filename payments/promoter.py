@@ -352,6 +352,26 @@ def publish_messages(messages: Sequence[list[Pair]]) -> None:
             current_app.send_task(EXECUTE_TASK, args=[pairs], producer=producer, retry=False)
 
 
+def hand_over(
+    messages: Sequence[list[Pair]], *, degraded: bool, publish: Callable[[Sequence[list[Pair]]], None],
+    execute_in_process: Callable[[list[Pair]], None],
+) -> tuple[int, int]:
+    """Publish one claim's messages; ``degraded``, or when the publish fails (Redis is
+    down), execute them here instead, so that they neither wait for their lease to expire
+    nor burn an attempt. Returns (messages published, payments executed in-process)."""
+    if not degraded:
+        try:
+            publish(messages)
+            return len(messages), 0
+        except Exception:
+            logger.exception("publish failed; executing %d claimed payments in-process", sum(map(len, messages)))
+    executed = 0
+    for message in messages:
+        execute_in_process(message)
+        executed += len(message)
+    return 0, executed
+
+
 # What the first shard's tick does before its claim, registered by the apps above the
 # engine in their AppConfig.ready (recurring/apps.py: generate the series' due
 # occurrences). The engine knows no series: it calls what was registered, in order. A
@@ -476,18 +496,12 @@ def claim_and_publish(
         result.reclaimed_pairs += claim.reclaimed
         result.dispatch_lateness += claim.dispatch_lateness
         in_flight += len(claim)
-        messages = messages_for(claim)
-        if not degraded:
-            try:
-                publish(messages)
-                result.messages += len(messages)
-            except Exception:
-                logger.exception("publish failed; executing %d claimed payments in-process", len(claim))
-                degraded = True
-        if degraded:
-            for message in messages:
-                execute_in_process(message)
-                result.executed_in_process += len(message)
+        published, executed = hand_over(messages_for(claim), degraded=degraded, publish=publish,
+                                        execute_in_process=execute_in_process)
+        result.messages += published
+        result.executed_in_process += executed
+        if degraded or executed:
+            degraded = True
             in_flight -= len(claim)
             break
         if (len(claim) < min(batch, room) and not more) or time.monotonic() >= deadline:

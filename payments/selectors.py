@@ -25,7 +25,7 @@ from common.authz import staff_may, staff_may_view
 from ledger.models import Account
 from rails.base import RAIL_NAMES
 
-from . import sql
+from . import sql_readings as sql
 from .exceptions import (
     PaymentArchived,
     PaymentCancelForbidden,
@@ -299,6 +299,22 @@ def recent_outcomes(*, seconds: int = 3600) -> RecentOutcomes:
             else:
                 failed[reason] = failed.get(reason, 0) + n
     return RecentOutcomes(executed, failed)
+
+
+@dataclass(frozen=True)
+class RecentLateness:
+    p50_seconds: float | None  # None: nothing executed
+    p99_seconds: float | None
+    max_seconds: float | None
+    executed: int  # the payments measured (at most ``limit``)
+
+
+def recent_lateness(*, seconds: int = 300, limit: int = 20_000) -> RecentLateness:
+    """Execution lateness (executed_at - execute_at) of the payments executed in the last
+    ``seconds``, the latest ``limit`` of them at most (sql.RECENT_LATENESS)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.RECENT_LATENESS, {"seconds": seconds, "limit": limit})
+        return RecentLateness(*cur.fetchone())
 
 
 @dataclass(frozen=True)

@@ -291,6 +291,34 @@ CLAIM_DUE_FAIR_SHARD = _sharded(_CLAIM_DUE_FAIR_WRITES, sharded=True)
 # is due: either way the next attempt looks it up at the rail by key first.
 CLAIM_PAYOUTS_DUE = _claim_for(rail="rail = %(rail)s", fresh_rail="rail <> '' AND rail = %(rail)s")
 
+# The releaser's claim (payments/release.py): the internal rows that fell due within the
+# last %(window)s seconds, in due order, nothing else. Older rows are the beat ticks'
+# backlog (a burst, an outage's leftovers), as are retries and expired leases: the ticks
+# claim them, the releaser keeps the rows that fall due now on time beside them. The same
+# claim write as every claim (attempt + 1, lease, audit event): a release is a claim.
+CLAIM_RELEASE = _claim_for(
+    rail="false", fresh_rail="rail = '' AND execute_at > now() - make_interval(secs => %(window)s)",
+)
+
+# In the release claim's transaction, after it: the database's now() (the claim's instant)
+# and the next instant something falls due after it, internal and payout apart; NULL when
+# nothing does within %(horizon)s seconds. Each is the first entry of a due index past
+# now() (payments_due_idx, payments_payout_due_idx per rail): a probe, not a scan. The
+# claim's own rows are EXECUTING by now and rows other claimers hold are due already, so
+# both instants lie strictly ahead.
+RELEASE_NEXT_DUE = """
+SELECT now(),
+       (SELECT execute_at FROM payments_scheduledpayment
+         WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND rail = ''
+           AND execute_at > now() AND execute_at <= now() + make_interval(secs => %(horizon)s)
+         ORDER BY execute_at, id LIMIT 1),
+       (SELECT min(due) FROM unnest(%(rails)s::text[]) AS r(name), LATERAL (
+            SELECT execute_at AS due FROM payments_scheduledpayment
+             WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND rail <> '' AND rail = r.name
+               AND execute_at > now() AND execute_at <= now() + make_interval(secs => %(horizon)s)
+             ORDER BY rail, execute_at, id LIMIT 1) AS first)
+"""
+
 
 # Live leases only. A row whose lease expired is not in flight: its message or worker is
 # gone, and it is exactly what the next claim must take again. Counting it would let a
@@ -509,109 +537,6 @@ SELECT rail FROM payments_payee
 
 
 # ======================================================================================
-# Lag and outcome readings (selectors.py: metrics, health, dashboard)
-# ======================================================================================
-
-# Overdue SCHEDULED payments: the oldest one's age and how many (payments_due_idx). A retry
-# waiting on its ladder is not overdue: it is waiting by design (DELAYPAY_RETRY_DELAYS).
-SCHEDULE_LAG = """
-SELECT coalesce(extract(epoch FROM now() - min(execute_at)), 0), count(*)
-  FROM payments_scheduledpayment WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now()
-"""
-
-
-# SCHEDULED payments falling due within the next %s seconds: one range of payments_due_idx,
-# whose predicate this repeats (delaypay_due_inflow_per_second, payments/scaling.py).
-DUE_INFLOW = """
-SELECT count(*)
-  FROM payments_scheduledpayment
- WHERE status = 'SCHEDULED' AND next_attempt_at IS NULL
-   AND execute_at > now() AND execute_at <= now() + make_interval(secs => %s)
-"""
-
-
-# EXECUTING payments with a live lease (in flight) and with an expired one (payments_lease_idx).
-# Of the rows SCHEDULE_LAG and LEASE_COUNTS count (overdue, expired leases), the payouts
-# of the rails given (%s: an array), per rail: the dashboard ties its lag tiles to a rail
-# whose breaker is open. Each branch repeats a partial index's predicate (payments_due_idx,
-# payments_lease_idx).
-STUCK_PAYOUTS_BY_RAIL = """
-SELECT rail, count(*) FILTER (WHERE status = 'SCHEDULED'), count(*) FILTER (WHERE status = 'EXECUTING')
-  FROM payments_scheduledpayment
- WHERE rail = ANY(%s)
-   AND ((status = 'SCHEDULED' AND next_attempt_at IS NULL AND execute_at <= now())
-        OR (status = 'EXECUTING' AND lease_until < now()))
- GROUP BY rail
-"""
-
-
-LEASE_COUNTS = """
-SELECT count(*) FILTER (WHERE lease_until >= now()), count(*) FILTER (WHERE lease_until < now())
-  FROM payments_scheduledpayment WHERE status = 'EXECUTING'
-"""
-
-
-# SCHEDULED payments due in each of the next %s minutes, zeros included. Each minute is
-# one range of payments_due_idx, whose predicate the join repeats (next_attempt_at IS
-# NULL: a retry's execute_at is already past, so it never falls in these minutes anyway).
-# Without it no partial index applies and the planner walked a whole index per minute
-# (965 ms at a million payments; 0.3 ms with it).
-DUE_BY_MINUTE = """
-SELECT m.minute, count(p.id)
-  FROM generate_series(date_trunc('minute', now()),
-                       date_trunc('minute', now()) + make_interval(mins => %s - 1),
-                       interval '1 minute') AS m(minute)
-  LEFT JOIN payments_scheduledpayment p
-    ON p.status = 'SCHEDULED' AND p.next_attempt_at IS NULL
-   AND p.execute_at >= greatest(m.minute, now()) AND p.execute_at < m.minute + interval '1 minute'
- GROUP BY m.minute ORDER BY m.minute
-"""
-
-
-# Executions and failures (by reason) in the last %s seconds, from the event log.
-RECENT_OUTCOMES = """
-SELECT kind, coalesce(data->>'failure_reason', ''), count(*)
-  FROM payments_paymentevent
- WHERE created_at >= now() - make_interval(secs => %s) AND kind IN ('executed', 'failed')
- GROUP BY 1, 2
-"""
-
-
-# The dashboard's 24 h history (console/dashboard.py). HISTORY_START: the first slot of
-# the window, on a slot boundary, ``slots`` slots before the current one (which it
-# includes); %(bucket)s: the slot's width in seconds. The two readings take that start
-# as a constant and read only the window's events through payments_event_created_brin
-# (created_at): the event log is append-only, so the window is the last block ranges of
-# each partition.
-HISTORY_START = """
-SELECT date_bin(make_interval(secs => %(bucket)s), now(), timestamptz '2000-01-01')
-       - make_interval(secs => %(bucket)s * (%(slots)s - 1))
-"""
-
-# Executed, failed and cancelled payments per slot (each payment has exactly one such event).
-OUTCOMES_HISTORY = """
-SELECT floor(extract(epoch FROM created_at - %(start)s) / %(bucket)s)::int AS slot, kind, count(*)
-  FROM payments_paymentevent
- WHERE created_at >= %(start)s AND kind IN ('executed', 'failed', 'cancelled')
- GROUP BY 1, 2
-"""
-
-# Execution lateness (executed_at - execute_at, as the delaypay_execution_lateness_seconds
-# histogram) per slot: p50, p99 and how many, over the window's executed events, each
-# joined to its payment by primary key.
-LATENESS_HISTORY = """
-SELECT floor(extract(epoch FROM e.created_at - %(start)s) / %(bucket)s)::int AS slot,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM p.executed_at - p.execute_at))::float8,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM p.executed_at - p.execute_at))::float8,
-       count(*)
-  FROM payments_paymentevent e
-  JOIN payments_scheduledpayment p ON p.id = e.payment_id
- WHERE e.created_at >= %(start)s AND e.kind = 'executed' AND p.executed_at IS NOT NULL
- GROUP BY 1
-"""
-
-
-# ======================================================================================
 # Idempotency keys (idempotency.py)
 # ======================================================================================
 
@@ -646,19 +571,6 @@ FALLBACK_TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
 FALLBACK_UNLOCK = "SELECT pg_advisory_unlock(%s)"
 # Is this session (and so its lock) still alive? Asked before each degraded round.
 FALLBACK_SESSION_ALIVE = "SELECT 1"
-
-
-# ======================================================================================
-# The review queue (selectors.py: /metrics and the admin dashboard)
-# ======================================================================================
-
-# How many payments are parked in NEEDS_REVIEW and how long the oldest has waited there:
-# updated_at is set when a payment is parked and no write touches a parked row but the
-# one that takes it out. Both from the small partial index payments_review_idx.
-REVIEW_QUEUE = """
-SELECT count(*), coalesce(extract(epoch FROM now() - min(updated_at)), 0)
-  FROM payments_scheduledpayment WHERE status = 'NEEDS_REVIEW'
-"""
 
 
 # ======================================================================================
@@ -744,18 +656,4 @@ WITH days AS (
 UNION (SELECT payer_id FROM payers WHERE busiest IS NOT NULL ORDER BY busiest DESC LIMIT %(n)s)
 UNION (SELECT payer_id FROM series ORDER BY n DESC LIMIT %(n)s)
 UNION (SELECT payer_id FROM series ORDER BY amount DESC LIMIT %(n)s)
-"""
-
-
-# ======================================================================================
-# Rails (selectors.py)
-# ======================================================================================
-
-# Each rail's breaker and its payouts pending at the rail (payments_payout_pending_idx).
-RAIL_READINGS = """
-SELECT r.rail, r.breaker, r.forced, r.opened_at, count(o.payment_id),
-       coalesce(extract(epoch FROM now() - min(o.created_at)), 0)::float8
-  FROM payments_railstate r
-  LEFT JOIN payments_payout o ON o.rail = r.rail AND o.state = 'pending'
- GROUP BY r.rail ORDER BY r.rail
 """

@@ -192,6 +192,18 @@ def load_payments(
     return Loaded(first=first, last=last, payments=payments, underfunded=underfunded_count(first, last))
 
 
+def load_stream_and_burst(
+    *, payments: int, burst: int, accounts: int, due_at: datetime, window_seconds: float, burst_at: datetime
+) -> Loaded:
+    """A steady stream (``payments`` due evenly over ``window_seconds`` from ``due_at``) and
+    a burst of ``burst`` more, numbered after it, all due at ``burst_at``."""
+    stream = load_payments(payments=payments, accounts=accounts, due_at=due_at, timing="even",
+                           window_seconds=window_seconds)
+    spike = load_payments(payments=burst, accounts=accounts, due_at=burst_at, first=stream.last + 1, seed=0.43)
+    return Loaded(first=stream.first, last=spike.last, payments=stream.payments + spike.payments,
+                  underfunded=stream.underfunded + spike.underfunded)
+
+
 # Finished history (bench burst --history): EXECUTED payments made over the past months,
 # each with what the engine leaves in the schedule: two events (created and executed:
 # a first claim writes none), one attempt and its transfer. Payments come in pairs

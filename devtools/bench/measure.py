@@ -1,6 +1,8 @@
 """Figures of a run, read from the database's own timestamps.
 
 * dispatch lateness  = claimed_at - execute_at (the promoter's claim)
+* claim to finish    = executed_at - claimed_at (the publish, the queue, a worker taking
+  the message, its batch's transaction)
 * execution lateness = executed_at - execute_at (the ledger transfer; ``updated_at``
   for a FAILED payment, which has no executed_at)
 * drain time         = last finish - first execute_at
@@ -54,11 +56,15 @@ def figures(timings: list[Timing]) -> dict:
     if not timings:
         return {"payments": 0, "drain_s": None, "payments_per_s": None,
                 "dispatch_lateness_s": summarize([]), "execution_lateness_s": summarize([]),
+                "claim_to_finish_s": summarize([]),
                 "delay_since_requested_s": summarize([]), "series": {}}
     start = min(t.due for t in timings)
     end = max(t.finished for t in timings)
     drain = end - start
     dispatch = [t.claimed - t.due for t in timings if t.claimed is not None]
+    # The rest of the path: the publish, Redis, a worker taking the message, the batch's
+    # transaction starting (executed_at is its now()).
+    handed = [t.finished - t.claimed for t in timings if t.claimed is not None]
     execution = [t.finished - t.due for t in timings]
     since_requested = [t.finished - (t.requested if t.requested is not None else t.due) for t in timings]
     executed = [t.finished for t in timings if t.status == "EXECUTED"]
@@ -84,6 +90,7 @@ def figures(timings: list[Timing]) -> dict:
         "payments_per_s": round(len(timings) / drain, 1) if drain > 0 else None,
         "dispatch_lateness_s": summarize(dispatch),
         "execution_lateness_s": summarize(execution),
+        "claim_to_finish_s": summarize(handed),
         "delay_since_requested_s": summarize(since_requested),
         "series": {k: [None if v is None else round(v, 3) for v in vs] for k, vs in series.items()},
     }

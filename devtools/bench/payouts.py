@@ -43,7 +43,9 @@ WITH src AS (
             jitter_seconds, status, failure_reason, attempt, version, created_at, updated_at)
     SELECT %(id_prefix)s || lpad(g::text, 16, '0'), %(payer)s, 'acc_bench_' || lpad(f::text, 8, '0'),
            CASE WHEN g %% %(decline_every)s = 0 THEN %(decline_payee)s ELSE %(payee)s END, 'sandbox',
-           amount, %(due_at)s, %(due_at)s, 0, 'SCHEDULED', '', 0, 1, now(), now()
+           amount, %(due_at)s::timestamptz + (g - %(first)s) * make_interval(secs => %(step)s),
+           %(due_at)s::timestamptz + (g - %(first)s) * make_interval(secs => %(step)s), 0, 'SCHEDULED', '', 0, 1,
+           now(), now()
       FROM src
  RETURNING id, from_account_id, amount, execute_at
 ), created AS (
@@ -86,11 +88,14 @@ class PayoutOptions:
     lead: float = 15.0
     timeout: float = 600.0
     keep: bool = False
+    steady_rate: float = 0.0  # payouts due per second, evenly (--payout-steady): the on-time run
+    duration: float = 30.0
 
 
-def load_payouts(*, payouts: int, accounts: int, due_at, first: int) -> None:
+def load_payouts(*, payouts: int, accounts: int, due_at, first: int, step: float = 0.0) -> None:
     """``payouts`` SCHEDULED payouts numbered from ``first``, to one payee of the bench
-    user (every DECLINE_EVERY-th to a payee the gateway declines), funded by deposits."""
+    user (every DECLINE_EVERY-th to a payee the gateway declines), funded by deposits;
+    all due at ``due_at``, or one every ``step`` seconds from it."""
     from payments.models import Payee
 
     payer = loader.bench_user()
@@ -102,7 +107,7 @@ def load_payouts(*, payouts: int, accounts: int, due_at, first: int) -> None:
             "accounts": accounts, "max_amount": loader.MAX_AMOUNT, "first": first, "last": first + payouts - 1,
             "payer": payer.pk, "payee": payee.id, "decline_payee": decline.id, "decline_every": DECLINE_EVERY,
             "due_at": due_at, "actor": f"user:{payer.pk}", "issuance": ISSUANCE_ACCOUNT_ID,
-            "id_prefix": loader.BENCH_ID_PREFIX,
+            "id_prefix": loader.BENCH_ID_PREFIX, "step": step,
         })
 
 
@@ -148,7 +153,7 @@ def gateway_check(gateway: SandboxGateway) -> dict:
 
 
 def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, with_payouts: bool, say,
-          latency_ms: int = 0) -> dict:
+          latency_ms: int = 0, step: float = 0.0) -> dict:
     from .scenarios import child_env, due_instant, flush_private_redis, wait_ready
 
     name = f"payouts-mixed-{latency_ms}ms" if with_payouts else "payouts-baseline"
@@ -176,9 +181,11 @@ def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, wi
                     except Exception:
                         time.sleep(0.1)
             due_at = due_instant(opts.lead)
-            loader.load_payments(payments=opts.internal, accounts=opts.accounts, due_at=due_at)
+            if opts.internal:
+                loader.load_payments(payments=opts.internal, accounts=opts.accounts, due_at=due_at)
             if with_payouts:
-                load_payouts(payouts=opts.payouts, accounts=opts.accounts, due_at=due_at, first=opts.internal + 1)
+                load_payouts(payouts=opts.payouts, accounts=opts.accounts, due_at=due_at, first=opts.internal + 1,
+                             step=step)
             loader.analyze()
             say(f"  {name}: {opts.internal:,} internal" + (f" + {opts.payouts:,} payouts" if with_payouts else "")
                 + f" due at {due_at:%H:%M:%S}")
@@ -209,12 +216,40 @@ def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, wi
     return out
 
 
+def run_steady(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, say) -> dict:
+    """On time: ``opts.steady_rate`` payouts a second due evenly for ``opts.duration``
+    seconds, no internal payment, the gateway answering at once. A payout's execution
+    lateness (executed_at, after the rail's answer, minus execute_at) bounds from above
+    how late it reached the rail."""
+    payouts = max(1, int(opts.steady_rate * opts.duration))
+    opts = PayoutOptions(**{**vars(opts), "payouts": payouts, "internal": 0})
+    say(f"payouts on time: {payouts:,} payouts due evenly at {opts.steady_rate:g}/s, the gateway answering at once")
+    result = drain(opts, redis_url=redis_url, log_dir=log_dir, run_id=run_id, with_payouts=True, say=say,
+                   latency_ms=0, step=1 / opts.steady_rate)
+    figures = result.get("payouts", {})
+    gateway = result.get("gateway", {})
+    return {
+        "scenario": "payouts",
+        "mode": "steady",
+        "options": dict(vars(opts)),
+        "steady_rate": opts.steady_rate,
+        "payouts": figures,
+        "gateway": gateway,
+        "execution_lateness_s": figures.get("execution_lateness_s"),
+        "correct": result["reconcile_violations"] == 0 and figures.get("payments") == payouts
+        and figures.get("failed") == payouts // DECLINE_EVERY
+        and not (gateway.get("keys_paid_twice") or gateway.get("wrong") or gateway.get("pending_reserves")),
+    }
+
+
 def run(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, say) -> dict:
     """Three drains of the same burst: the internal payments alone; with the payouts and a
     gateway answering at once; with the payouts and the gateway at ``opts.latency_ms``.
     The last two differ only in the rail's latency (the payouts are paced alike): their
     internal figures side by side are what the latency costs internal transfers; against
     the first, what running payouts at all costs them on the same cores."""
+    if opts.steady_rate:
+        return run_steady(opts, redis_url=redis_url, log_dir=log_dir, run_id=run_id, say=say)
     say(f"payouts: {opts.payouts:,} payouts at {opts.rate:g}/s (gateway {opts.latency_ms} ms) with "
         f"{opts.internal:,} internal payments due at the same instant")
     common = {"redis_url": redis_url, "log_dir": log_dir, "run_id": run_id, "say": say}
@@ -258,6 +293,15 @@ def run(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, say)
 
 
 def summary(result: dict) -> str:
+    if result.get("mode") == "steady":
+        p, g, late = result["payouts"], result["gateway"], result.get("execution_lateness_s") or {}
+        return (
+            f"payouts on time: {p.get('executed', 0):,} executed, {p.get('failed', 0):,} declined, due evenly at "
+            f"{result['steady_rate']:g}/s; execution lateness (s) p50 / p95 / p99 / max "
+            + " / ".join(f"{late.get(k, 0):.3f}" for k in ("p50", "p95", "p99", "max"))
+            + f"\ngateway: {g.get('gateway_paid')} paid, keys paid twice {g.get('keys_paid_twice')}, wrong "
+            f"{g.get('wrong')}, reserves pending {g.get('pending_reserves')}; correct={result['correct']}"
+        )
     p = result["mixed"].get("payouts", {})
     g = result["mixed"].get("gateway", {})
     pps, p99 = result["internal_per_s"], result["internal_lateness_p99_s"]

@@ -2,10 +2,13 @@
 
 # (scenario, what, target) — the figures the benchmark is judged by on this machine.
 TARGETS = (
-    ("burst", "payments/s vs pgbench (same run)", ">= 1.0x"),
+    ("burst", "payments/s vs pgbench (same run)", ">= 2.0x"),
     ("hot-sender", "payments/s vs burst", ">= 0.7x"),
-    ("steady", "dispatch lateness p99", "<= 1.5 s"),
-    ("steady", "execution lateness p99", "<= 2.5 s"),
+    # On time (payments/release.py): what a steady stream sees, by its rate.
+    ("steady", "execution lateness p99 at 300/s", "<= 0.1 s"),
+    ("steady", "execution lateness max at 300/s", "<= 0.25 s"),
+    ("steady", "execution lateness p99 at 1,000/s", "<= 0.25 s"),
+    ("steady", "the stream's execution lateness p99 beside a burst (--burst)", "<= 1 s"),
     ("backlog", "claim latency at the large backlog vs 100K", "<= 1.3x"),
     ("memory", "delaypay worker RSS, large vs 10K future payments", "<= 1.2x"),
     ("burst", "payments/s with webhooks vs without (--webhooks)", ">= 0.9x"),
@@ -36,7 +39,7 @@ def target_results(runs: dict[str, dict]) -> list[dict]:
         values[(scenario, what)] = (value, None if value is None else ok(value))
 
     if burst:
-        put("burst", TARGETS[0][1], burst.get("ratio_vs_pgbench"), lambda v: v >= 1.0)
+        put("burst", TARGETS[0][1], burst.get("ratio_vs_pgbench"), lambda v: v >= 2.0)
     if hot:
         # Compared through each run's own pgbench rate, so two runs on a noisy machine
         # still compare; with both in one run it is the plain ratio of payments/s.
@@ -46,14 +49,21 @@ def target_results(runs: dict[str, dict]) -> list[dict]:
         else:
             values[("hot-sender", TARGETS[1][1])] = (None, None)
     if steady:
-        put("steady", TARGETS[2][1], (steady.get("dispatch_lateness_s") or {}).get("p99"), lambda v: v <= 1.5)
-        put("steady", TARGETS[3][1], (steady.get("execution_lateness_s") or {}).get("p99"), lambda v: v <= 2.5)
+        execution = steady.get("execution_lateness_s") or {}
+        with_burst = steady.get("stream_and_burst")
+        if with_burst:
+            put("steady", TARGETS[5][1], with_burst["stream_execution_lateness_s"].get("p99"), lambda v: v <= 1.0)
+        elif steady.get("rate") == 300:
+            put("steady", TARGETS[2][1], execution.get("p99"), lambda v: v <= 0.1)
+            put("steady", TARGETS[3][1], execution.get("max"), lambda v: v <= 0.25)
+        elif steady.get("rate") == 1000:
+            put("steady", TARGETS[4][1], execution.get("p99"), lambda v: v <= 0.25)
     if backlog:
-        put("backlog", TARGETS[4][1], backlog.get("claim_latency_ratio"), lambda v: v <= 1.3)
+        put("backlog", TARGETS[6][1], backlog.get("claim_latency_ratio"), lambda v: v <= 1.3)
     if memory:
-        put("memory", TARGETS[5][1], memory.get("delaypay_worker_rss_growth"), lambda v: v <= 1.2)
+        put("memory", TARGETS[7][1], memory.get("delaypay_worker_rss_growth"), lambda v: v <= 1.2)
     if burst and burst.get("webhooks"):
-        put("burst", TARGETS[6][1], burst["webhooks"].get("ratio_with_vs_without"), lambda v: v >= 0.9)
+        put("burst", TARGETS[8][1], burst["webhooks"].get("ratio_with_vs_without"), lambda v: v >= 0.9)
     out = []
     for scenario, what, target in TARGETS:
         if (scenario, what) in values:
@@ -80,6 +90,7 @@ def summary(run: dict) -> str:
             "lateness (s)        p50 / p95 / p99 / max",
             f"  dispatch          {_lat(run.get('dispatch_lateness_s'))}",
             f"  execution         {_lat(run.get('execution_lateness_s'))}",
+            f"  claim to finish   {_lat(run.get('claim_to_finish_s'))}  (the publish, the queue, the worker)",
             *(
                 [f"  since requested   {_lat(run.get('delay_since_requested_s'))}"
                  f"  (jitter {run['jitter_s']} s: due uniformly in [requested, requested + jitter])"]
@@ -91,6 +102,21 @@ def summary(run: dict) -> str:
             f"correct             {run.get('correct')}"
             + ("" if run.get("correct") else f"  {run.get('check', {}).get('violations')}"),
         ]
+        mixed = run.get("stream_and_burst")
+        if mixed:
+            lines += [
+                f"stream and burst    {mixed['stream_payments']:,} due evenly, {mixed['burst_payments']:,} due at "
+                f"once in the middle (drained in {_num(mixed['burst_drain_s'], '.2f')} s, "
+                f"{_num(mixed['burst_payments_per_s'])}/s)",
+                f"  stream            {_lat(mixed['stream_execution_lateness_s'])}  (execution lateness, s)",
+                f"  stream in burst   {_lat(mixed['stream_during_burst_execution_lateness_s'])}  "
+                f"({mixed['stream_during_burst_payments']:,} due while the burst drained)",
+                f"  burst             {_lat(mixed['burst_execution_lateness_s'])}",
+            ]
+        outage = run.get("redis_outage")
+        if outage:
+            lines.append(f"redis down          {outage['seconds']} s: {outage['payments_due']:,} payments due "
+                         f"meanwhile, execution lateness {_lat(outage['execution_lateness_s'])} s")
         history = run.get("history")
         if history:
             lines.append(f"history             {history['payments']:,} finished payments in {history['months']} past "

@@ -12,6 +12,7 @@ import platform
 import secrets
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from .measure import fetch_timings, figures, sleep_until, wait_drained
 from .pgbench import run_pgbench
 from .rss import RssSampler, snapshot
 from .scratch import fresh_database, scratch_name, server_version
-from .stats import percentile
+from .stats import percentile, summarize
 
 SCENARIOS = ("burst", "hot-sender", "steady", "backlog", "memory")
 DEFAULT_PAYMENTS = {"burst": 100_000, "hot-sender": 100_000, "backlog": 2_000_000, "memory": 1_000_000}
@@ -67,6 +68,9 @@ class Options:
     profile: bool = False
     webhooks: bool = False  # drain twice: without the outbox, then with an endpoint, the dispatcher, a receiver
     history: int = 0  # finished payments loaded into past months' partitions before the burst
+    burst: int = 0  # steady: this many more payments, all due at the middle of the stream
+    redis_outage: float = 0.0  # steady: seconds the bench's Redis is down, from a third into the stream
+    redis: object = None  # the bench's PrivateRedis (for --redis-outage)
     keep: bool = False
     run_id: str = field(default_factory=lambda: f"{os.getpid()}")
     say: Callable[[str], None] = print
@@ -273,12 +277,16 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str
             wait_ready(stack, list(stack.procs))
             sampler = RssSampler(lambda: stack_pids(stack)).start()
             due_at = due_instant(opts.lead or default_lead(n))
+            burst_at = due_at + timedelta(seconds=window / 2) if opts.scenario == "steady" and opts.burst else None
             loaded, load_s = load_before(
                 opts, due_at=due_at, what="payments",
                 load=lambda: loader.load_payments(
                     payments=n, accounts=opts.accounts, due_at=due_at, timing=timing,
                     window_seconds=window, hot_sender=opts.scenario == "hot-sender",
                     jitter_seconds=opts.jitter if opts.scenario != "steady" else 0,
+                ) if burst_at is None else loader.load_stream_and_burst(
+                    payments=n, burst=opts.burst, accounts=opts.accounts, due_at=due_at, window_seconds=window,
+                    burst_at=burst_at,
                 ),
             )
             last_due = due_at + timedelta(seconds=window)
@@ -291,8 +299,12 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str
                 profiler = Profiler(
                     {k: v for k, v in stack_pids(stack).items() if k.startswith("worker")}, log_dir / "delaypay"
                 ).start()
-            opts.say(f"  due at {due_at:%H:%M:%S}: draining {n:,} payments")
-            progress = _progress_printer(opts, n)
+            outage = None
+            if opts.scenario == "steady" and opts.redis_outage and opts.redis is not None:
+                outage = RedisOutage(opts.redis, down_at=due_at + timedelta(seconds=window / 3),
+                                     seconds=opts.redis_outage, say=opts.say).start()
+            opts.say(f"  due at {due_at:%H:%M:%S}: draining {loaded.payments:,} payments")
+            progress = _progress_printer(opts, loaded.payments)
             observed = wait_drained(due_to=last_due, timeout=window + opts.timeout, on_poll=progress)
             if hooks:
                 opts.say("  payments drained; waiting for every event to be delivered")
@@ -314,7 +326,13 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str
             stack.stop()
         if observed is None:
             opts.say(f"  timed out after {window + opts.timeout:.0f}s; figures cover what finished")
-        result.update(figures(fetch_timings(due_from=due_at, due_to=last_due)))
+        timings = fetch_timings(due_from=due_at, due_to=last_due)
+        result.update(figures(timings))
+        if burst_at is not None:
+            result["stream_and_burst"] = stream_and_burst_figures(timings, burst_at=burst_at.timestamp())
+        if outage is not None:
+            outage.join()
+            result["redis_outage"] = outage.figures(timings)
         check = check_run(expected_failed=loader.underfunded_ids(loaded.first, loaded.last) | extra_failed)
         result.update({
             "table_bytes": table_bytes(),
@@ -333,6 +351,61 @@ def drain_delaypay(opts: Options, *, redis_url: str, log_dir: Path, variant: str
             result["webhooks"] = delivery
             result["correct"] = result["correct"] and delivery["correct"] and observed_hooks is not None
     return result
+
+
+class RedisOutage:
+    """Kill the bench's Redis at ``down_at`` (database clock) and start it again
+    ``seconds`` later, in a thread; then the lateness of the payments due meanwhile."""
+
+    def __init__(self, redis, *, down_at, seconds: float, say):
+        self.redis, self.down_at, self.seconds, self.say = redis, down_at, seconds, say
+        self.thread = threading.Thread(target=self._run, name="bench-redis-outage", daemon=True)
+        self.down = self.up = None
+
+    def start(self) -> "RedisOutage":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            sleep_until(self.down_at)
+        finally:
+            connection.close()  # this thread's: the scratch database is dropped after the run
+        self.down = time.time()
+        self.redis.crash()
+        self.say(f"  Redis killed for {self.seconds:g} s")
+        time.sleep(self.seconds)
+        self.redis.start()
+        self.up = time.time()
+        self.say("  Redis back")
+
+    def join(self) -> None:
+        self.thread.join()
+
+    def figures(self, timings: list) -> dict:
+        during = [t for t in timings if self.down <= t.due <= self.up]
+        return {"seconds": round(self.up - self.down, 1), "payments_due": len(during),
+                "execution_lateness_s": summarize([t.finished - t.due for t in during])}
+
+
+def stream_and_burst_figures(timings: list, *, burst_at: float) -> dict:
+    """The steady stream's lateness apart from the burst's (the burst's payments are the
+    ones due at its instant), and the stream's while the burst drained: its payments due
+    from the burst's instant to the burst's last finish."""
+    burst = [t for t in timings if t.due == burst_at]
+    stream = [t for t in timings if t.due != burst_at]
+    burst_done = max((t.finished for t in burst), default=burst_at)
+    during = [t for t in stream if burst_at <= t.due <= burst_done]
+    return {
+        "burst_payments": len(burst),
+        "burst_drain_s": round(burst_done - burst_at, 3),
+        "burst_payments_per_s": round(len(burst) / (burst_done - burst_at), 1) if burst_done > burst_at else None,
+        "burst_execution_lateness_s": summarize([t.finished - t.due for t in burst]),
+        "stream_payments": len(stream),
+        "stream_execution_lateness_s": summarize([t.finished - t.due for t in stream]),
+        "stream_during_burst_payments": len(during),
+        "stream_during_burst_execution_lateness_s": summarize([t.finished - t.due for t in during]),
+    }
 
 
 def _backlog_printer(opts: Options) -> Callable[[int], None]:

@@ -365,3 +365,42 @@ def test_the_lag_tiles_name_an_open_rail_breaker_when_its_payouts_are_the_cause(
     for cause in (f'id="dp-overdue-cause-{payee.rail}"', f'id="dp-lease-cause-{payee.rail}"'):
         assert cause in html
     assert f'href="#dp-rail-{payee.rail}"' in html and f'id="dp-rail-{payee.rail}"' in html
+
+
+def test_the_on_time_tile_shows_the_p99_lateness_of_the_last_five_minutes_and_links_to_them(superuser):
+    a, b = funded_account(balance=10**9), funded_account()
+    now = db_now()
+    on_time = [finished_payment(a, b, kind="executed", at=now - timedelta(seconds=i), late_seconds=0.012)
+               for i in range(99)]
+    finished_payment(a, b, kind="executed", at=now - timedelta(seconds=100), late_seconds=0.4)
+    finished_payment(a, b, kind="executed", at=now - timedelta(minutes=6), late_seconds=30)  # outside the window
+    client = admin_client_for(superuser)
+    response = client.get(DASHBOARD)
+    lateness = response.context["lateness"]
+    assert lateness.executed == 100
+    assert lateness.p50_seconds == pytest.approx(0.012)
+    assert 0.012 < lateness.p99_seconds < 0.4 and lateness.max_seconds == pytest.approx(0.4)
+    html = response.content.decode()
+    tile = html[html.index('id="dp-on-time"'):]
+    tile = tile[:tile.index("</a>")]
+    assert "dp-alert" not in html[html.index('class="dp-tile', html.index('id="dp-on-time"') - 60):
+                                  html.index('id="dp-on-time"')]
+    assert "p99 lateness, last 5 minutes (p50 12 ms, 100 executed)" in tile
+    link = response.context["links"]["on_time"]
+    q = query_of(link)
+    assert q["kind__exact"] == "executed"
+    counted = PaymentEvent.objects.filter(kind="executed", created_at__gte=q["created_at__gte"],
+                                          created_at__lte=q["created_at__lte"])
+    assert counted.count() == 100 and {p.pk for p in on_time} <= set(counted.values_list("payment_id", flat=True))
+    assert client.get(link).context["cl"].result_count == 100
+
+
+def test_the_on_time_tile_turns_red_above_the_slo(auditor_user):
+    a, b = funded_account(balance=10**9), funded_account()
+    now = db_now()
+    for i in range(10):
+        finished_payment(a, b, kind="executed", at=now - timedelta(seconds=i), late_seconds=0.9)
+    html = admin_client_for(auditor_user).get(DASHBOARD).content.decode()
+    start = html.rindex("<a", 0, html.index('id="dp-on-time"'))
+    assert "dp-alert" in html[start:html.index('id="dp-on-time"')]
+    assert ">900 ms<" in html

@@ -31,14 +31,27 @@ def test_targets_compare_hot_sender_to_burst_through_each_runs_pgbench_rate():
     runs = {
         "burst": {"ratio_vs_pgbench": 1.2},
         "hot-sender": {"ratio_vs_pgbench": 0.6},
-        "steady": {"dispatch_lateness_s": {"p99": 1.1}, "execution_lateness_s": {"p99": 2.9}},
+        "steady": {"rate": 300, "execution_lateness_s": {"p99": 0.09, "max": 0.3}},
     }
     verdicts = {(t["scenario"], t["what"]): (t["value"], t["met"]) for t in target_results(runs)}
-    assert verdicts[("burst", "payments/s vs pgbench (same run)")] == (1.2, True)
+    assert verdicts[("burst", "payments/s vs pgbench (same run)")] == (1.2, False)
     assert verdicts[("hot-sender", "payments/s vs burst")] == (0.5, False)
-    assert verdicts[("steady", "dispatch lateness p99")] == (1.1, True)
-    assert verdicts[("steady", "execution lateness p99")] == (2.9, False)
+    assert verdicts[("steady", "execution lateness p99 at 300/s")] == (0.09, True)
+    assert verdicts[("steady", "execution lateness max at 300/s")] == (0.3, False)
+    assert ("steady", "execution lateness p99 at 1,000/s") not in verdicts
     assert ("backlog", "claim latency at the large backlog vs 100K") not in verdicts
+
+
+def test_the_steady_targets_follow_the_rate_and_the_burst_beside_it():
+    def verdicts(steady):
+        return {(t["scenario"], t["what"]): (t["value"], t["met"]) for t in target_results({"steady": steady})}
+
+    fast = verdicts({"rate": 1000, "execution_lateness_s": {"p99": 0.2, "max": 0.4}})
+    assert fast[("steady", "execution lateness p99 at 1,000/s")] == (0.2, True)
+    assert ("steady", "execution lateness p99 at 300/s") not in fast
+    beside = verdicts({"rate": 300, "execution_lateness_s": {"p99": 2.0},
+                       "stream_and_burst": {"stream_execution_lateness_s": {"p99": 1.4}}})
+    assert beside == {("steady", "the stream's execution lateness p99 beside a burst (--burst)"): (1.4, False)}
 
 
 def test_the_webhooks_target_is_judged_only_when_the_burst_ran_with_webhooks():

@@ -9,7 +9,7 @@ from django.db import connection
 from django.utils import timezone
 
 from devtools.bench import loader
-from payments import sql
+from payments import sql, sql_readings
 from payments.execution import fence_params
 from payments.models import ScheduledPayment as Payment
 from payments.promoter import FairWalk, Shard, claim_due, claim_params
@@ -258,7 +258,7 @@ def test_the_due_inflow_reads_only_the_due_index():
 
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute("SET LOCAL enable_seqscan = off")
-        scans = scans_of_payments(plan_nodes(sql.DUE_INFLOW, [120]))
+        scans = scans_of_payments(plan_nodes(sql_readings.DUE_INFLOW, [120]))
     assert scans and {index for _node, index in scans} == {"payments_due_idx"}
 
 

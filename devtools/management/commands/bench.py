@@ -57,6 +57,12 @@ class Command(BaseCommand):
                             help="burst/hot-sender/steady: drain without the outbox, then again with one endpoint "
                                  "subscribed to every event, the webhooks process and a loopback receiver; report "
                                  "payments/s with and without, the delivery rate and the backlog drain time")
+        parser.add_argument("--burst", type=int, default=0, metavar="N",
+                            help="steady: N more payments, all due at the middle of the stream; report the stream's "
+                                 "lateness apart from the burst's, and while the burst drained (0)")
+        parser.add_argument("--redis-outage", type=float, default=0.0, metavar="SECONDS",
+                            help="steady: kill the bench's Redis a third into the stream and start it again after "
+                                 "SECONDS; report the lateness of the payments due meanwhile (0)")
         parser.add_argument("--keep", action="store_true", help="keep the scratch databases (for inspection)")
         parser.add_argument("--internal", type=int, default=20_000,
                             help="payouts: internal payments due with the payouts (20000)")
@@ -67,6 +73,9 @@ class Command(BaseCommand):
                             help="payouts: prefork children of the payouts process (4)")
         parser.add_argument("--rail-threads", type=int, default=16,
                             help="payouts: DELAYPAY_RAIL_CONCURRENCY, calls in flight per payouts child (16)")
+        parser.add_argument("--payout-steady", type=float, metavar="RATE",
+                            help="payouts: instead of the burst, RATE payouts a second due evenly for --duration "
+                                 "seconds, the gateway answering at once; report how late they reached the rail")
         parser.add_argument("--rail-batch", type=int, default=200,
                             help="payouts: DELAYPAY_RAIL_CLAIM_BATCH, payouts per claim and message (200)")
         parser.add_argument("--others", type=int, default=1_000,
@@ -124,6 +133,9 @@ class Command(BaseCommand):
                     profile=opts["profile"],
                     webhooks=opts["webhooks"],
                     history=opts["history"],
+                    burst=opts["burst"],
+                    redis_outage=opts["redis_outage"],
+                    redis=private_redis,
                     keep=opts["keep"],
                     say=say,
                 )
@@ -192,7 +204,8 @@ class Command(BaseCommand):
             rate=opts["rail_rate"], latency_ms=opts["rail_latency_ms"], workers=opts["workers"],
             concurrency=opts["concurrency"], payout_concurrency=opts["payout_concurrency"],
             rail_threads=opts["rail_threads"], rail_batch=opts["rail_batch"],
-            timeout=opts["timeout"], keep=opts["keep"],
+            timeout=opts["timeout"], keep=opts["keep"], steady_rate=opts["payout_steady"] or 0.0,
+            duration=opts["duration"],
         )
         self._own_run(opts, "payouts", payouts, options)
 

@@ -1,0 +1,239 @@
+"""Release at the instant: between the beat's ticks, payments leave at their due time.
+
+The beat ticks the promoter once a second (``DELAYPAY_TICK_SECONDS``) and each tick claims
+whatever is due. Alone, that makes a payment up to a tick late: 0.55 s at the median and
+1.05 s at p99 for 300 payments a second due evenly (docs/reference/benchmarks.md#on-time).
+The ``Releaser`` is a thread of the promoter process (a worker bootstep in
+delaypay/celery.py) that closes that gap without changing what a claim is:
+
+* each round is one transaction: the release claim (sql.CLAIM_RELEASE: the internal rows
+  due within the last ``RELEASE_WINDOW_SECONDS``, ``execute_at <= now()`` by the
+  database's clock, the claim every claimer makes) and then the look-ahead
+  (sql.RELEASE_NEXT_DUE: the database's ``now()`` and the next instant an internal payment
+  or a payout falls due after it);
+* after the commit it publishes what it claimed, as a tick does, and sleeps until the next
+  due instant (mapped from the database's clock onto this process's monotonic clock by
+  differences only, so no clock skew enters), at least ``DELAYPAY_RELEASE_SLOT_SECONDS``
+  after the round began (rows falling due within one slot leave together) and at most
+  ``DELAYPAY_RELEASE_POLL_SECONDS`` (a payment created already due, or due sooner than
+  anything seen, waits no longer than that);
+* payouts due at the instant are claimed as the tick claims them (promoter.payouts_tick:
+  within their rail's breaker and pacing).
+
+Nothing leaves early: a row is claimed only by a statement whose ``now()`` is at or past
+its ``execute_at``, so ``executed_at >= execute_at`` and a cancel committed before the due
+instant finds the row still SCHEDULED (tests/payments/test_release.py). Waking early costs
+an empty claim, never an early one.
+
+The beat's ticks stay what they were: recurring generation, retries, expired leases, the
+backlog of a burst (in due order, fair by sender), the heartbeat. The releaser only takes
+the rows that fall due now, so during a burst the payments due after it are not queued
+behind its whole backlog (docs/decisions/0018-release-at-the-instant.md).
+
+One promoter releases at a time: the fleet-wide advisory lock ``RELEASE_LOCK_KEY`` (the
+others keep trying once a tick and take over within a tick when its holder dies). The
+lock is about pace, never correctness: claims take disjoint rows (``SKIP LOCKED``). While
+Redis is down the releaser executes in-process what it claims, like a degraded tick.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection, connections, transaction
+
+from rails.base import RAIL_NAMES
+
+from . import metrics, promoter, sql
+from .fallback import AdvisoryLock
+
+logger = logging.getLogger(__name__)
+
+# The fleet-wide lock of the releasing promoter: the bytes "dlpyrls1" as a bigint.
+RELEASE_LOCK_KEY = int.from_bytes(b"dlpyrls1", "big")
+# How far back the release claim reaches: rows due longer ago are the ticks' backlog. Half
+# a second: wider than any round (a round that falls behind by less loses nothing to the
+# ticks), narrow enough that during a burst the releaser spends at most that much of the
+# burst's due order before it is back on the rows falling due now.
+RELEASE_WINDOW_SECONDS = 0.5
+# Waking a millisecond past the due instant: the mapping of the database's clock onto
+# this one is exact only to the round trip, and a wake before the instant is an empty claim.
+WAKE_MARGIN_SECONDS = 0.001
+# How long the releaser executes in-process, without trying Redis, after a publish failed.
+BROKER_DOWN_SECONDS = 5.0
+
+
+@dataclass
+class Round:
+    """What one release round did and saw."""
+
+    claimed: int = 0
+    payouts: int = 0
+    executed_in_process: int = 0
+    full: bool = False  # the claim came back a whole batch: more is due at once
+    database_now: datetime | None = None
+    next_due: datetime | None = None  # internal
+    next_payout_due: datetime | None = None
+    dispatch_lateness: list[float] = field(default_factory=list)
+
+    def wake_after(self, *, poll: float) -> float:
+        """Seconds from the round's instant (its now()) to the next due instant, at most ``poll``."""
+        if self.full:
+            return 0.0
+        upcoming = [t for t in (self.next_due, self.next_payout_due) if t is not None]
+        if not upcoming or self.database_now is None:
+            return poll
+        return min(poll, max(0.0, (min(upcoming) - self.database_now).total_seconds()) + WAKE_MARGIN_SECONDS)
+
+
+def release_round(
+    *,
+    batch: int,
+    lease_seconds: float,
+    horizon_seconds: float,
+    payouts_due: bool,
+    degraded: bool,
+    publish: Callable = promoter.publish_messages,
+    publish_payouts: Callable = promoter.publish_payouts,
+    execute_in_process: Callable = promoter.execute_in_process,
+) -> Round:
+    """One round: the payouts whose instant came (``payouts_due``, from the last round's
+    look-ahead), the release claim and the look-ahead in one transaction, then the
+    publish (or, ``degraded`` or when it fails, the execution here)."""
+    result = Round()
+    if payouts_due and not degraded:
+        tick = promoter.TickResult()
+        promoter.payouts_tick(publish=publish_payouts, deadline=time.monotonic() + horizon_seconds,
+                              lease_seconds=lease_seconds, result=tick)
+        result.payouts = tick.payouts
+        result.dispatch_lateness += tick.dispatch_lateness
+    claim = promoter.Claim()
+    with transaction.atomic(), connection.cursor() as cur:
+        claim.add_rows(promoter._claim_rows(cur, sql.CLAIM_RELEASE, {
+            **promoter.claim_params(batch=batch, lease_seconds=lease_seconds, actor="promoter"),
+            "window": RELEASE_WINDOW_SECONDS,
+        }))
+        cur.execute(sql.RELEASE_NEXT_DUE, {"horizon": horizon_seconds, "rails": list(RAIL_NAMES)})
+        result.database_now, result.next_due, result.next_payout_due = cur.fetchone()
+    result.claimed = len(claim)
+    result.full = len(claim) >= batch
+    result.dispatch_lateness += claim.dispatch_lateness
+    if claim:
+        _, result.executed_in_process = promoter.hand_over(
+            promoter.messages_for(claim), degraded=degraded, publish=publish, execute_in_process=execute_in_process,
+        )
+    return result
+
+
+class Releaser:
+    """The release loop of one promoter process (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        slot_seconds: float,
+        poll_seconds: float,
+        period_seconds: float,
+        batch: int,
+        lease_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.slot_seconds = slot_seconds
+        self.poll_seconds = max(poll_seconds, slot_seconds)
+        self.period_seconds = period_seconds
+        self.batch = batch
+        self.lease_seconds = lease_seconds
+        self._clock = clock
+        self.lock = AdvisoryLock(RELEASE_LOCK_KEY)
+        self.releasing = False
+        self._payouts_due = False
+        self._broker_down_until = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_settings(cls) -> "Releaser":
+        return cls(
+            slot_seconds=settings.DELAYPAY_RELEASE_SLOT_SECONDS,
+            poll_seconds=settings.DELAYPAY_RELEASE_POLL_SECONDS,
+            period_seconds=settings.PROMOTER_TICK_SECONDS,
+            batch=settings.DELAYPAY_CLAIM_BATCH,
+            lease_seconds=settings.DELAYPAY_LEASE_SECONDS,
+        )
+
+    def run_period(self) -> int:
+        """Release for one tick period, if this promoter holds the lock. Returns the rounds run."""
+        close_old_connections()
+        if not self.lock.acquire():
+            self._set_releasing(False)
+            return 0
+        self._set_releasing(True)
+        end = self._clock() + self.period_seconds
+        rounds = 0
+        while not self._stop.is_set():
+            began = self._clock()
+            degraded = began < self._broker_down_until
+            result = release_round(
+                batch=self.batch, lease_seconds=self.lease_seconds, horizon_seconds=self.period_seconds,
+                payouts_due=self._payouts_due, degraded=degraded,
+            )
+            rounds += 1
+            if result.executed_in_process and not degraded:
+                self._broker_down_until = self._clock() + BROKER_DOWN_SECONDS
+            metrics.record_release(result)
+            wait = 0.0 if result.full else max(self.slot_seconds, result.wake_after(poll=self.poll_seconds))
+            # The payouts' instant comes by the next round (the round's now() is about `began`).
+            self._payouts_due = result.next_payout_due is not None and (
+                result.next_payout_due <= result.database_now + timedelta(seconds=wait)
+            )
+            self._stop.wait(max(0.0, began + wait - self._clock()))
+            if began + wait >= end:
+                return rounds  # the next period starts at once, with the lock checked
+        return rounds
+
+    def _set_releasing(self, releasing: bool) -> None:
+        if releasing != self.releasing:
+            self.releasing = releasing
+            metrics.record_releasing(releasing)
+            logger.info("releasing at the instant" if releasing else "another promoter releases")
+
+    # --- The thread ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="delaypay-releaser", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the thread: it ends its round, releases the lock and closes its connections."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        logger.info("releaser ready", extra={"slot_seconds": self.slot_seconds, "poll_seconds": self.poll_seconds})
+        try:
+            while not self._stop.is_set():
+                started = self._clock()
+                try:
+                    if self.run_period():
+                        continue
+                except DatabaseError as exc:
+                    # PostgreSQL is down, restarting or failing over: the ticks' business too.
+                    logger.warning("release round failed", extra={"error": type(exc).__name__})
+                    self.lock.close()
+                    self._set_releasing(False)
+                    connections.close_all()
+                except Exception:
+                    logger.exception("release round failed")
+                    self.lock.close()
+                    self._set_releasing(False)
+                    connections.close_all()
+                self._stop.wait(max(0.0, self.period_seconds - (self._clock() - started)))
+        finally:
+            self._set_releasing(False)
+            self.lock.release()
+            connections.close_all()  # this thread's connections only

@@ -1,0 +1,201 @@
+"""Release at the instant (payments/release.py): nothing leaves before its due instant by
+the database's clock, a cancel committed before the instant wins, and what falls due
+between two ticks leaves within a slot of its instant, not at the next tick."""
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from common.db import database_now
+from payments import release
+from payments.models import PaymentStatus, ScheduledPayment
+from payments.services import payment_cancel, payment_schedule
+from tests.factories import funded_account
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def due_in(source, target, seconds: float, *, now=None):
+    now = now or database_now()
+    return payment_schedule(
+        payer=source.owner, from_account_id=source.id, to_account_id=target.id, amount=1,
+        execute_at=now + timedelta(seconds=seconds),
+    )
+
+
+def due_spread(source, target, offsets: list[float]) -> list[ScheduledPayment]:
+    """Payments due at these offsets from the database's now(), set in one statement after
+    they were created (the creates may take as long as a loaded machine makes them)."""
+    payments = [due_in(source, target, 60) for _ in offsets]
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE payments_scheduledpayment p SET execute_at = now() + make_interval(secs => o.offset_s)"
+            " FROM unnest(%s::text[], %s::float8[]) AS o(id, offset_s) WHERE p.id = o.id",
+            [[p.id for p in payments], [float(o) for o in offsets]],
+        )
+    for p in payments:
+        p.refresh_from_db()
+    return payments
+
+
+def wait_until_database_time(instant) -> None:
+    """Sleep (never spin: the releaser's thread needs the interpreter and the database) until
+    the database's clock reaches ``instant``."""
+    while (left := (instant - database_now(clock=True)).total_seconds()) > 0:
+        time.sleep(min(left, 0.02))
+
+
+def claimed_rows(ids):
+    """(id, status, execute_at, claimed_at) of the payments, by the database."""
+    return {p.id: p for p in ScheduledPayment.objects.filter(pk__in=ids)}
+
+
+class Published:
+    def __init__(self):
+        self.pairs = []
+
+    def __call__(self, messages):
+        for message in messages:
+            self.pairs += [tuple(p) for p in message]
+
+
+def releaser(**kwargs) -> release.Releaser:
+    return release.Releaser(**{
+        "slot_seconds": 0.01, "poll_seconds": 0.05, "period_seconds": 1.0, "batch": 1000, "lease_seconds": 60.0,
+        **kwargs,
+    })
+
+
+def run_rounds(published: Published, *, seconds: float, **round_kwargs) -> list[release.Round]:
+    """Release rounds back to back (no sleep) for ``seconds`` of the database's clock:
+    the most rounds a releaser can run, each a chance to claim too early."""
+    rounds = []
+    end = database_now(clock=True) + timedelta(seconds=seconds)
+    while database_now(clock=True) < end:
+        rounds.append(release.release_round(
+            batch=1000, lease_seconds=60, horizon_seconds=1.0, payouts_due=False, degraded=False,
+            publish=published, **round_kwargs,
+        ))
+    return rounds
+
+
+def test_nothing_is_claimed_before_its_due_instant_by_the_database_clock():
+    alice, bob = funded_account(balance=1000), funded_account()
+    payments = due_spread(alice, bob, [0.3 + i * 0.037 for i in range(20)])
+    published = Published()
+    run_rounds(published, seconds=1.4)
+    rows = claimed_rows([p.id for p in payments])
+    assert {r.status for r in rows.values()} == {PaymentStatus.EXECUTING}
+    assert sorted(published.pairs) == sorted((p.id, 1) for p in payments)
+    for row in rows.values():
+        assert row.claimed_at >= row.execute_at, (row.id, row.claimed_at, row.execute_at)
+
+
+def test_the_look_ahead_names_the_next_instant_and_nothing_past_the_horizon():
+    alice, bob = funded_account(balance=1000), funded_account()
+    soon, _later = due_spread(alice, bob, [0.5, 5])
+    result = release.release_round(batch=10, lease_seconds=60, horizon_seconds=1.0, payouts_due=False,
+                                   degraded=False, publish=Published())
+    assert result.claimed == 0
+    assert result.next_due == soon.execute_at
+    assert result.next_payout_due is None
+    until_soon = (soon.execute_at - result.database_now).total_seconds()
+    assert 0 < until_soon <= 0.5
+    assert result.wake_after(poll=5.0) == pytest.approx(until_soon + release.WAKE_MARGIN_SECONDS)
+    assert result.wake_after(poll=0.05) == 0.05
+
+
+def test_a_cancel_committed_before_the_due_instant_wins_over_the_release():
+    alice, bob = funded_account(balance=1000), funded_account()
+    payments = [due_in(alice, bob, 60) for _ in range(10)]
+    # Then all due half a second from now, in one statement: how long the creates took no
+    # longer matters.
+    now = database_now()
+    ScheduledPayment.objects.filter(pk__in=[p.id for p in payments]).update(execute_at=now + timedelta(seconds=0.5))
+    published = Published()
+    stop = threading.Event()
+
+    def release_continuously():
+        try:
+            while not stop.is_set():
+                release.release_round(batch=1000, lease_seconds=60, horizon_seconds=1.0, payouts_due=False,
+                                      degraded=False, publish=published)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=release_continuously)
+    thread.start()
+    try:
+        # 300 ms before the instant by the database's clock (the payments' own).
+        wait_until_database_time(now + timedelta(seconds=0.2))
+        cancelled = payments[::2]
+        for p in cancelled:
+            payment_cancel(payment_id=p.id, actor=alice.owner)
+        assert database_now(clock=True) < now + timedelta(seconds=0.5), "the cancels took too long to prove anything"
+        wait_until_database_time(now + timedelta(seconds=0.8))
+    finally:
+        stop.set()
+        thread.join()
+    rows = claimed_rows([p.id for p in payments])
+    assert {rows[p.id].status for p in cancelled} == {PaymentStatus.CANCELLED}
+    assert {rows[p.id].status for p in payments[1::2]} == {PaymentStatus.EXECUTING}
+    assert {pid for pid, _ in published.pairs} == {p.id for p in payments[1::2]}
+
+
+def test_the_release_claim_leaves_the_backlog_and_retries_to_the_ticks():
+    alice, bob = funded_account(balance=1000), funded_account()
+    now = database_now()
+    old, fresh = due_in(alice, bob, 1, now=now), due_in(alice, bob, 1, now=now)
+    past_the_window = now - timedelta(seconds=release.RELEASE_WINDOW_SECONDS + 1)
+    ScheduledPayment.objects.filter(pk=old.id).update(execute_at=past_the_window)
+    ScheduledPayment.objects.filter(pk=fresh.id).update(execute_at=now)
+    result = release.release_round(batch=10, lease_seconds=60, horizon_seconds=1.0, payouts_due=False,
+                                   degraded=False, publish=Published())
+    assert result.claimed == 1
+    rows = claimed_rows([old.id, fresh.id])
+    assert (rows[old.id].status, rows[fresh.id].status) == (PaymentStatus.SCHEDULED, PaymentStatus.EXECUTING)
+
+
+def test_what_falls_due_between_two_ticks_leaves_within_a_slot_of_its_instant():
+    """The release precision, pinned: with the releaser's thread running, 20 payments due
+    at instants spread over a second are claimed within half a tick of their instant (the
+    database's claimed_at - execute_at; a slot is 10 ms, and on a quiet machine the latest
+    is about that). The beat's tick alone (1 s) leaves the latest of them about a second
+    late."""
+    alice, bob = funded_account(balance=1000), funded_account()
+    payments = due_spread(alice, bob, [0.4 + i * 0.05 for i in range(20)])
+    now = payments[0].execute_at - timedelta(seconds=0.4)
+    published = Published()
+    r = releaser()
+    original = release.release_round
+
+    def with_stub(**kwargs):
+        return original(**{**kwargs, "publish": published})
+
+    release.release_round = with_stub
+    try:
+        r.start()
+        # A tick past the last instant (1.35 s): the releaser has had its chance at every one.
+        wait_until_database_time(now + timedelta(seconds=2.35))
+    finally:
+        r.stop()
+        release.release_round = original
+    rows = claimed_rows([p.id for p in payments])
+    lateness = sorted((row.claimed_at - row.execute_at).total_seconds() for row in rows.values())
+    assert {row.status for row in rows.values()} == {PaymentStatus.EXECUTING}
+    assert lateness[0] >= 0
+    assert lateness[-1] < 0.5, lateness
+
+
+def test_the_beat_ticks_each_shard_once_a_second_and_drops_a_tick_older_than_that():
+    ticks = {name: entry for name, entry in settings.CELERY_BEAT_SCHEDULE.items() if name.startswith("promoter-tick")}
+    assert len(ticks) == settings.DELAYPAY_CLAIM_SHARDS
+    for entry in ticks.values():
+        assert entry["schedule"] == 1.0
+        assert entry["options"]["expires"] == 1.0
+    assert settings.DELAYPAY_RELEASE_ENABLED
+    assert (settings.DELAYPAY_RELEASE_SLOT_SECONDS, settings.DELAYPAY_RELEASE_POLL_SECONDS) == (0.01, 0.05)
