@@ -9,6 +9,7 @@ from common.admin_tools import (
     ReadOnlyAdminMixin,
     display_column,
 )
+from common.formats import human
 from payments.models import (
     ArchivedPartition,
     ExecutionAttempt,
@@ -65,6 +66,11 @@ class ArchivedPartitionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     their files are, what they held, and the totals reconciliation checks the ledger
     against. A payment id in one of these ranges answers 410 payment_archived."""
 
-    list_display = ("month", "payments", "executed_count", "executed_amount", "location", "archived_at")
-    fields = ("month", "id_low", "id_high", "payments", "executed_count", "executed_amount", "location",
+    list_display = ("month", "payments_col", "executed_count_col", "executed_amount_col", "location", "archived_at")
+    fields = ("month", "id_low", "id_high", "payments_col", "executed_count_col", "executed_amount_col", "location",
               "manifest", "archived_at")
+    readonly_fields = ("payments_col", "executed_count_col", "executed_amount_col")
+
+    payments_col = display_column("payments", human, "payments")
+    executed_count_col = display_column("executed_count", human, "executed count")
+    executed_amount_col = display_column("executed_amount", human, "executed amount")

@@ -9,6 +9,7 @@ from common.admin_tools import (
     badge,
     change_url,
 )
+from common.formats import human
 from console.admin_rails import breaker_badge, payee_cell
 from ledger.models import Account
 from payments.models import (
@@ -17,9 +18,9 @@ from payments.models import (
     Payout,
     PayoutState,
     RecurringStatus,
-    ReviewReason,
     ScheduledPayment,
 )
+from payments.reasons import failure_reason, review_reason
 from payments.selectors import (
     payments_matching,
 )
@@ -46,11 +47,6 @@ SEARCH_SEPARATORS = re.compile(r"[\s,]+")
 
 def status_badge(status: str):
     return badge(status, STATUS_TONES.get(status, "grey"))
-
-
-def money(amount) -> str:
-    """An amount in minor units with thousands separators (1,234,567)."""
-    return f"{amount:,}" if isinstance(amount, int) else "-"
 
 
 def admin_link(obj, text=None):
@@ -106,16 +102,17 @@ def search_terms(search_term: str) -> tuple[list[str], int]:
     return terms[:MAX_SEARCH_TERMS], len(terms)
 
 
-def accounts_by_prefix(terms: list[str]) -> tuple[list[str], bool]:
-    """Ids of the accounts a term names: by id, by a prefix of the owner's username (the
+def accounts_by_prefix(terms: list[str], phrase: str = "") -> tuple[list[str], bool]:
+    """Ids of the accounts a search names: by id, by a prefix of the owner's username (the
     unique index on auth_user.username, varchar_pattern_ops copy, serves LIKE 'x%'), or
-    by a prefix of the account's name (no index: a read of the accounts table, bounded by
-    MAX_PREFIX_ACCOUNTS rows, never of the payments). True when more matched than taken."""
+    by the whole search as one phrase in the account's name ("holiday fund": not each word
+    on its own; no index: a read of the accounts table, bounded by MAX_PREFIX_ACCOUNTS
+    rows, never of the payments). True when more matched than taken."""
     if not terms:
         return [], False
-    by_name = Q()
+    by_name = Q(name__icontains=phrase) if phrase else Q()
     for term in terms:
-        by_name |= Q(owner__username__startswith=term) | Q(name__istartswith=term)
+        by_name |= Q(owner__username__startswith=term)
     exact = list(Account.objects.filter(pk__in=terms).values_list("pk", flat=True))
     prefixed = list(
         Account.objects.filter(by_name).order_by().values_list("pk", flat=True)[: MAX_PREFIX_ACCOUNTS + 1]
@@ -124,13 +121,13 @@ def accounts_by_prefix(terms: list[str]) -> tuple[list[str], bool]:
     return sorted({*exact, *prefixed[:MAX_PREFIX_ACCOUNTS]}), more
 
 
-def payment_admin_search_condition(*, terms: list[str]) -> tuple[Q, bool]:
+def payment_admin_search_condition(*, terms: list[str], phrase: str = "") -> tuple[Q, bool]:
     """What the payment list's search matches (any term): a payment id, a recurring id
-    (its occurrences), an account id, or a prefix of an account's name or its owner's
-    username, either side. Accounts are resolved first so the payments are read through
-    the lookup table's account indexes; ids through its primary key, occurrences through
-    payments_recurring_idx (selectors.payments_matching)."""
-    account_ids, more = accounts_by_prefix(terms)
+    (its occurrences), an account id, a prefix of an account owner's username, or the whole
+    search as a phrase in an account's name, either side. Accounts are resolved first so the
+    payments are read through the lookup table's account indexes; ids through its primary
+    key, occurrences through payments_recurring_idx (selectors.payments_matching)."""
+    account_ids, more = accounts_by_prefix(terms, phrase)
     condition = payments_matching(ids=terms, account_ids=account_ids,
                                   recurring_ids=[t for t in terms if t.startswith("rec_")])
     return condition, more
@@ -145,17 +142,14 @@ def reserved_payout_ids(payment_ids) -> set[str]:
 
 # --- the review queue: why a payment waits for staff, and the state of its rail ----------
 
-REVIEW_REASON_TEXT = {
-    ReviewReason.ATTEMPTS_EXHAUSTED: "Workers started it as many times as the retry budget allows "
-    "(DELAYPAY_MAX_ATTEMPTS) and none recorded an outcome.",
-    ReviewReason.OUTCOME_UNKNOWN: "The rail never said whether it paid this payout (timeouts or server errors "
-    "through its retry budget); its funds stay reserved until it is resolved against the rail.",
-}
+def review_reason_text(code: str) -> str:
+    """A review reason as staff read it: its sentence, then the code (payments/reasons.py)."""
+    return human(review_reason(code))
 
 
-def review_reason_text(reason: str) -> str:
-    """A review reason as a sentence for staff (the code itself when it has none)."""
-    return REVIEW_REASON_TEXT.get(reason, reason or "-")
+def failure_reason_text(code: str) -> str:
+    """A failure reason as staff read it: its sentence, then the code (payments/reasons.py)."""
+    return human(failure_reason(code))
 
 
 # What an open or half-open breaker means for a payout sent to its rail now.

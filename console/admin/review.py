@@ -4,7 +4,7 @@ and its timeline of events and attempts."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.contrib import admin
 from django.utils.dateparse import parse_datetime
@@ -16,6 +16,7 @@ from common.admin_tools import (
     badge,
 )
 from common.authz import staff_may_view
+from common.formats import human
 from console.forms import RedriveForm, ReviewForm
 from payments.models import (
     ExecutionAttempt,
@@ -24,6 +25,7 @@ from payments.models import (
     Payout,
     ScheduledPayment,
 )
+from payments.reasons import failure_reason, review_reason
 from payments.services import payment_cancel_by_staff, payment_redrive, payment_resolve
 
 
@@ -34,7 +36,7 @@ def payout_of(payment) -> Payout | None:
     return payment._payout_record
 
 
-def payout_field(attr: str, description: str, render=str):
+def payout_field(attr: str, description: str, render=human):
     """A row of the payment page's "At the rail" section: ``attr`` of its payout record."""
 
     @admin.display(description=description)
@@ -145,12 +147,19 @@ class TimelineEntry:
 
     @property
     def when(self) -> str:
-        return self.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:23]
+        return human(self.at)
+
+
+# Event data whose values are reason codes: shown with their sentence (payments/reasons.py).
+CODED_EVENT_DATA = {"failure_reason": failure_reason, "review_reason": review_reason}
 
 
 def _event_detail(event: PaymentEvent) -> str:
     parts = [f"attempt {event.attempt}"] if event.attempt else []
-    parts += [f"{key}: {value}" for key, value in (event.data or {}).items()]
+    parts += [
+        f"{key}: {human(CODED_EVENT_DATA[key](value)) if key in CODED_EVENT_DATA and value else human(value)}"
+        for key, value in (event.data or {}).items()
+    ]
     return "; ".join(parts)
 
 
