@@ -2,7 +2,9 @@
 
 import re
 
-from django.db.models import Q
+from django.contrib.auth import get_user_model
+from django.db.models import BigIntegerField, Case, OuterRef, Q, Subquery, When
+from django.db.models.functions import Cast, Substr
 from django.utils.html import format_html
 
 from common.admin_tools import (
@@ -141,6 +143,35 @@ def reserved_payout_ids(payment_ids) -> set[str]:
 
 
 # --- the review queue: why a payment waits for staff, and the state of its rail ----------
+
+# --- who did it: "user:<id>" actors as usernames ---------------------------------------------
+
+# How the audit tables name a user who acted (payments.services: "user:<id>"); other actors
+# (promoter, worker:<name>, system) are names already.
+USER_ACTOR = re.compile(r"^user:([0-9]{1,18})$")
+
+
+def actor_usernames(actors) -> dict[str, str]:
+    """"user:<id>" -> the username, for every such actor given: one query, whatever the count."""
+    ids = {int(match[1]) for actor in actors if (match := USER_ACTOR.match(actor or ""))}
+    if not ids:
+        return {}
+    names = get_user_model().objects.filter(pk__in=ids).values_list("pk", "username")
+    return {f"user:{pk}": username for pk, username in names}
+
+
+def with_actor_username(queryset):
+    """``queryset`` (of a table with an ``actor`` column) with ``actor_username``: the
+    username of a "user:<id>" actor, from one primary-key lookup per row of the page."""
+    user_id = Cast(Substr(OuterRef("actor"), len("user:") + 1), BigIntegerField())
+    username = get_user_model().objects.filter(pk=user_id).values("username")[:1]
+    return queryset.annotate(actor_username=Case(When(actor__regex=USER_ACTOR.pattern, then=Subquery(username))))
+
+
+def actor_text(obj) -> str:
+    """Who acted, as staff read it: a username (never "user:4"), or the process's name."""
+    return getattr(obj, "actor_username", None) or obj.actor
+
 
 def review_reason_text(code: str) -> str:
     """A review reason as staff read it: its sentence, then the code (payments/reasons.py)."""

@@ -37,7 +37,7 @@ from payments.selectors import (
 )
 from recurring.services import recurring_end, recurring_pause, recurring_resume
 
-from .display import admin_link, failure_reason_text, payment_link, status_badge
+from .display import actor_text, admin_link, failure_reason_text, payment_link, status_badge, with_actor_username
 from .payments import PayerToPayeeAdminMixin
 
 # One request pauses, resumes or ends at most this many recurring payments.
@@ -68,14 +68,18 @@ class RecurringEventInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = RecurringEvent
     formset = LatestRowsInlineFormSet
     verbose_name_plural = f"event history (the latest {LatestRowsInlineFormSet.max_rows}, newest first)"
-    fields = ("created_at", "kind", "actor", "actor_user", "data")
+    fields = ("created_at", "kind", "actor_col", "data")
     readonly_fields = fields
     ordering = ("-id",)
     extra = 0
     can_delete = False
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("actor_user")
+        return with_actor_username(super().get_queryset(request))
+
+    @admin.display(description="actor")
+    def actor_col(self, obj):
+        return actor_text(obj)
 
 
 def rule_text(obj) -> str:

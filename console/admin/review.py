@@ -28,6 +28,8 @@ from payments.models import (
 from payments.reasons import failure_reason, review_reason
 from payments.services import payment_cancel_by_staff, payment_redrive, payment_resolve
 
+from .display import actor_usernames
+
 
 def payout_of(payment) -> Payout | None:
     """A payout's record at its rail (none until its funds are reserved), read once per page."""
@@ -228,6 +230,7 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
     else:
         hidden.append("attempts")
     entries = []
+    usernames = actor_usernames(e.actor for e in events if not e.actor_user_id)
     pending_claim = first_claim(payment, events) if "events" not in hidden else None
     for event in events:
         if pending_claim and event.created_at >= pending_claim.at and event.kind != PaymentEvent.Kind.CREATED:
@@ -236,7 +239,7 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
         what = [event.kind]
         if event.from_status != event.to_status:
             what += [event.from_status, "→", event.to_status] if event.from_status else ["→", event.to_status]
-        actor = event.actor_user.get_username() if event.actor_user_id else event.actor
+        actor = event.actor_user.get_username() if event.actor_user_id else usernames.get(event.actor, event.actor)
         entries.append(TimelineEntry(event.created_at, " ".join(what), actor, _event_detail(event)))
         if event.kind in CLAIM_KINDS and event.attempt in attempts:
             entries.append(_attempt_entry(attempts.pop(event.attempt)))

@@ -159,3 +159,43 @@ def test_dashboard_status_table_agrees_with_its_tiles_while_the_counts_are_cache
     html = response.content.decode()
     assert re.search(r'id="dp-count-NEEDS_REVIEW">.*?>1</td>\s*<td class="dp-quiet">live', html, re.S)
     assert re.search(r'id="dp-needs-review">\s*<span class="dp-number">1</span>', html)
+
+
+def test_audit_lists_and_the_timeline_name_a_user_actor_not_their_id(superuser):
+    """An API client's cancel is recorded as actor "user:<id>": the event list, and the
+    payment's timeline, say the username."""
+    from payments.models import PaymentEvent
+    from payments.services import payment_cancel
+    from tests.factories import future_payment
+
+    alice = UserFactory(username="alice")
+    payment = future_payment(source=funded_account(owner=alice, balance=10), target=funded_account(), payer=alice)
+    payment_cancel(payment_id=payment.pk, actor=alice)
+    assert PaymentEvent.objects.get(payment=payment, kind="cancelled").actor == f"user:{alice.pk}"
+    client = admin_client_for(superuser)
+    events = client.get(reverse("admin:payments_paymentevent_changelist")).content.decode()
+    page = client.get(reverse("admin:payments_scheduledpayment_change", args=[quote(payment.pk)])).content.decode()
+    for html in (events, page):
+        assert ">alice<" in html and f"user:{alice.pk}" not in html
+
+
+def test_the_event_list_names_actors_in_one_query(superuser):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from payments.services import payment_cancel
+    from tests.factories import future_payment
+
+    client = admin_client_for(superuser)
+
+    def queries_with(users: int) -> int:
+        for _ in range(users):
+            owner = UserFactory()
+            p = future_payment(source=funded_account(owner=owner, balance=10), target=funded_account(), payer=owner)
+            payment_cancel(payment_id=p.pk, actor=owner)
+        client.get(reverse("admin:payments_paymentevent_changelist"))
+        with CaptureQueriesContext(connection) as ctx:
+            client.get(reverse("admin:payments_paymentevent_changelist"))
+        return len(ctx.captured_queries)
+
+    assert queries_with(2) == queries_with(10)
