@@ -1,6 +1,7 @@
 """Cells, badges and links the console's lists and pages share, and the admin search's terms."""
 
 import re
+from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.db.models import BigIntegerField, Case, OuterRef, Q, Subquery, When
@@ -143,6 +144,34 @@ def reserved_payout_ids(payment_ids) -> set[str]:
 
 
 # --- the review queue: why a payment waits for staff, and the state of its rail ----------
+
+# --- an event's data, as staff read it ------------------------------------------------------
+
+# Event data whose values are reason codes: shown with their sentence (payments/reasons.py).
+CODED_EVENT_DATA = {"failure_reason": failure_reason, "review_reason": review_reason}
+
+
+def data_value(key: str, value) -> str:
+    """One value of an event's data: a reason with its sentence, an ISO time (the events
+    store them with microseconds) as a time, a nested record's values likewise."""
+    if key in CODED_EVENT_DATA and isinstance(value, str) and value:
+        return human(CODED_EVENT_DATA[key](value))
+    if isinstance(value, dict):
+        return f"({data_text(value, separator=', ')})"
+    if isinstance(value, list):
+        return ", ".join(data_value(key, item) for item in value) or "none"
+    if isinstance(value, str) and len(value) >= 19 and value[4:5] == "-" and value[10:11] == "T":
+        try:
+            return human(datetime.fromisoformat(value))
+        except ValueError:
+            return value
+    return human(value)
+
+
+def data_text(data: dict, *, separator: str = "; ") -> str:
+    """An event's data (payment and recurring events) as "key: value" pairs staff read."""
+    return separator.join(f"{key}: {data_value(key, value)}" for key, value in data.items())
+
 
 # --- who did it: "user:<id>" actors as usernames ---------------------------------------------
 

@@ -37,7 +37,15 @@ from payments.selectors import (
 )
 from recurring.services import recurring_end, recurring_pause, recurring_resume
 
-from .display import actor_text, admin_link, failure_reason_text, payment_link, status_badge, with_actor_username
+from .display import (
+    actor_text,
+    admin_link,
+    data_text,
+    failure_reason_text,
+    payment_link,
+    status_badge,
+    with_actor_username,
+)
 from .payments import PayerToPayeeAdminMixin
 
 # One request pauses, resumes or ends at most this many recurring payments.
@@ -68,7 +76,7 @@ class RecurringEventInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = RecurringEvent
     formset = LatestRowsInlineFormSet
     verbose_name_plural = f"event history (the latest {LatestRowsInlineFormSet.max_rows}, newest first)"
-    fields = ("created_at", "kind", "actor_col", "data")
+    fields = ("created_at", "kind", "actor_col", "data_col")
     readonly_fields = fields
     ordering = ("-id",)
     extra = 0
@@ -80,6 +88,10 @@ class RecurringEventInline(ReadOnlyAdminMixin, admin.TabularInline):
     @admin.display(description="actor")
     def actor_col(self, obj):
         return actor_text(obj)
+
+    @admin.display(description="data")
+    def data_col(self, obj):
+        return data_text(obj.data) if obj.data else "-"
 
 
 def rule_text(obj) -> str:

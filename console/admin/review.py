@@ -25,10 +25,9 @@ from payments.models import (
     Payout,
     ScheduledPayment,
 )
-from payments.reasons import failure_reason, review_reason
 from payments.services import payment_cancel_by_staff, payment_redrive, payment_resolve
 
-from .display import actor_usernames
+from .display import actor_usernames, data_text
 
 
 def payout_of(payment) -> Payout | None:
@@ -152,16 +151,10 @@ class TimelineEntry:
         return human(self.at)
 
 
-# Event data whose values are reason codes: shown with their sentence (payments/reasons.py).
-CODED_EVENT_DATA = {"failure_reason": failure_reason, "review_reason": review_reason}
-
-
 def _event_detail(event: PaymentEvent) -> str:
     parts = [f"attempt {event.attempt}"] if event.attempt else []
-    parts += [
-        f"{key}: {human(CODED_EVENT_DATA[key](value)) if key in CODED_EVENT_DATA and value else human(value)}"
-        for key, value in (event.data or {}).items()
-    ]
+    if event.data:
+        parts.append(data_text(event.data))
     return "; ".join(parts)
 
 

@@ -199,3 +199,32 @@ def test_the_event_list_names_actors_in_one_query(superuser):
         return len(ctx.captured_queries)
 
     assert queries_with(2) == queries_with(10)
+
+
+def test_the_timeline_and_recurring_events_show_their_data_without_microseconds(superuser):
+    """Events store times as ISO 8601 with microseconds (a schedule's execute_at, a
+    reschedule's old and new terms, a resume's skipped occurrences): shown as times."""
+    from payments.models import RecurringEvent
+    from payments.services import payment_schedule, payment_update
+
+    source, target = funded_account(balance=100), funded_account()
+    at = timezone.now().replace(microsecond=123456) + timedelta(hours=1)
+    payment = payment_schedule(payer=source.owner, from_account_id=source.id, to_account_id=target.id, amount=1_000,
+                               execute_at=at)
+    payment_update(payment_id=payment.pk, actor=source.owner, amount=2_000, execute_at=at + timedelta(hours=1))
+    rec = recurring_create(payer=source.owner, from_account_id=source.id, to_account_id=target.id, amount=1,
+                           start_at=at, interval="P1D")
+    RecurringEvent.objects.create(recurring=rec, kind="resumed", actor="promoter",
+                                  data={"skipped": [at.isoformat(), (at + timedelta(days=1)).isoformat()]})
+    client = admin_client_for(superuser)
+    page = client.get(reverse("admin:payments_scheduledpayment_change", args=[quote(payment.pk)])).content.decode()
+    series = client.get(reverse("admin:payments_recurringpayment_change", args=[rec.pk])).content.decode()
+    for html in (page, series):
+        body = html[html.index('id="content"'):]
+        assert MICROSECONDS.findall(body) == [], MICROSECONDS.findall(body)
+    assert human_time(at) in page and "2,000" in page
+    assert human_time(at) in series
+
+
+def human_time(at) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
