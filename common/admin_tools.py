@@ -250,11 +250,6 @@ def badge(value: str, tone: str):
     return format_html('<span class="dp-badge dp-{}">{}</span>', tone, value)
 
 
-def utc_text(value) -> str:
-    """A timestamp for a narrow list column (the header says UTC)."""
-    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
-
-
 def report(request, level: int, label: str, items: list[str]) -> None:
     """One admin message per outcome, naming every object it applies to."""
     if items:

@@ -29,8 +29,8 @@ from common.admin_tools import (
     display_column,
     id_in_url,
     report,
-    utc_text,
 )
+from common.formats import human
 from console.dashboard import age_text, breaker_text, breaker_tone
 from payments.breaker import breaker_force
 from payments.models import BreakerState, Payee, Payout, PayoutState, Rail, RailState
@@ -113,7 +113,7 @@ class PayeeAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdmin
     fields = ("id", "name", "owner", "rail", "destination", "created_at", "deleted_at", "payments_col")
     readonly_fields = fields
 
-    created_at_col = display_column("created_at", utc_text, "created (UTC)")
+    created_at_col = display_column("created_at", human, "created (UTC)")
 
     @admin.display(description="deleted", boolean=True, ordering="deleted_at")
     def deleted(self, obj) -> bool:
@@ -144,7 +144,7 @@ class PayoutAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdmi
     """Each payout whose funds were reserved, as its rail knows it."""
 
     list_display = (
-        "payment_col", "rail", "destination", "amount", "state_col", "reference", "paid_at_col", "decline_code",
+        "payment_col", "rail", "destination", "amount_col", "state_col", "reference", "paid_at_col", "decline_code",
         "submissions", "lookups", "created_at_col",
     )
     list_filter = ("rail", "state")
@@ -152,15 +152,16 @@ class PayoutAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAdmi
     search_fields = ("payment__id",)  # shows the box; get_search_results does the matching
     search_help_text = "Exact payment id or the rail's reference; several separated by spaces."
     fields = (
-        "payment_col", "rail", "destination", "amount", "state_col", "reference", "paid_at", "decline_code",
+        "payment_col", "rail", "destination", "amount_col", "state_col", "reference", "paid_at", "decline_code",
         "submissions", "lookups", "last_error", "created_at", "updated_at",
     )
     readonly_fields = fields
 
     payment_col = display_column("payment_id", _payment_link, "payment", ordering="payment")
+    amount_col = display_column("amount", human, "amount")
     state_col = display_column("state", payout_state_badge, "state")
-    paid_at_col = display_column("paid_at", utc_text, "paid at (UTC)")
-    created_at_col = display_column("created_at", utc_text, "reserved (UTC)")
+    paid_at_col = display_column("paid_at", human, "paid at (UTC)")
+    created_at_col = display_column("created_at", human, "reserved (UTC)")
 
     def get_search_results(self, request, queryset, search_term):
         terms = search_term.split()[:MAX_SEARCH_TERMS]
@@ -268,14 +269,14 @@ class RailStateAdmin(ActionPermissionAdminMixin, ConfirmedActAdminMixin, ReadOnl
     def forced_col(self, obj):
         return obj.forced or "-"
 
-    opened_at_col = display_column("opened_at", utc_text, "opened at (UTC)")
+    opened_at_col = display_column("opened_at", human, "opened at (UTC)")
 
     @admin.display(description="pending payouts")
     def pending_col(self, obj):
         reading = reading_of(obj)
         if reading is None:
             return "-"
-        return format_html('<a href="{}">{}</a>', pending_payouts_url(obj.rail), reading.pending)
+        return format_html('<a href="{}">{}</a>', pending_payouts_url(obj.rail), human(reading.pending))
 
     @admin.display(description="oldest pending")
     def oldest_pending_col(self, obj):
@@ -310,7 +311,7 @@ class RailStateAdmin(ActionPermissionAdminMixin, ConfirmedActAdminMixin, ReadOnl
             reading = readings.get(rail)
             rows.append(ConfirmRow(
                 [rail, breaker_badge(breaker=state.breaker, forced=state.forced), state.forced_by or "-",
-                 state.forced_reason or "-", reading.pending if reading else "-"],
+                 state.forced_reason or "-", human(reading.pending) if reading else "-"],
                 left_alone=act.already.lower() if state.forced == act.forced else "",
             ))
         return ["rail", "state", "held by", "hold's reason", "pending payouts"], rows

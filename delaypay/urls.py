@@ -3,6 +3,7 @@ from django.urls import include, path
 
 from console.admin_limits import limits_view
 from console.dashboard import dashboard_view
+from console.search import search_view
 from delaypay import views
 from delaypay.favicon import favicon
 
@@ -13,6 +14,7 @@ urlpatterns = [
     path("favicon.ico", favicon, name="favicon"),  # browsers ask every page for it
     path("admin/dashboard/", admin.site.admin_view(dashboard_view), name="admin-dashboard"),
     path("admin/limits/", admin.site.admin_view(limits_view), name="admin-limits"),
+    path("admin/search/", admin.site.admin_view(search_view), name="admin-search"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
 ]

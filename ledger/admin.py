@@ -5,7 +5,7 @@ reserve a payout's funds (read-only: only the payout's outcome posts or voids on
 
 Cross-links: an account's page links to its payments, transfers and staff history; a
 user's page (Django's user admin, re-registered here) to their accounts and payments.
-Amounts are shown with thousands separators (1,234,567)."""
+Amounts, times and users are shown through common.formats.human (1,234,567)."""
 
 from dataclasses import dataclass
 from urllib.parse import urlencode
@@ -36,13 +36,13 @@ from common.admin_tools import (
     id_in_url,
     object_view_url,
     report,
-    utc_text,
 )
 from common.authz import ConflictOfInterest, MissingPermission
+from common.formats import human
 
 from .forms import DepositForm
 from .models import ISSUANCE_ACCOUNT_ID, Account, DepositRequest, PendingTransfer, StaffAction, Transfer
-from .selectors import transfers_for_account
+from .selectors import account_search_condition, search_phrase, transfers_for_account
 from .services import (
     PENDING_PREFIX,
     POST_PREFIX,
@@ -63,7 +63,6 @@ from .services import (
     deposit_request_approve,
     deposit_request_reject,
 )
-from .templatetags.money import thousands
 
 ACCOUNT_STATUS_TONES = {
     Account.Status.ACTIVE: "green",
@@ -135,6 +134,13 @@ def account_id_link(account_id: str):
     return format_html('<a class="dp-mono" href="{}">{}</a>', account_url(account_id), account_id)
 
 
+def account_named_cell(account):
+    """An account's id, linked, with its name and its owner after it: "acc_01… Savings · alice"
+    (a system account has no owner). The account and its owner come with the row."""
+    owner = format_html(' <span class="dp-quiet">· {}</span>', account.owner.get_username()) if account.owner_id else ""
+    return format_html("{} {}{}", account_id_link(account.pk), account.name, owner)
+
+
 def deposit_request_link(request_id: str):
     return format_html('<a class="dp-mono" href="{}">{}</a>', deposit_request_url(request_id), request_id)
 
@@ -186,7 +192,7 @@ class StaffActionInline(ReadOnlyAdminMixin, admin.TabularInline):
         "created_at", "action", "actor", "amount_col", "reason", "payment_id", "deposit_request", "transfer_key"
     )
     readonly_fields = fields
-    amount_col = display_column("amount", lambda amount: "-" if amount is None else thousands(amount), "amount")
+    amount_col = display_column("amount", human, "amount")
     ordering = ("-id",)
     extra = 0
     can_delete = False
@@ -204,7 +210,10 @@ class AccountAdmin(
     list_filter = ("kind", "status")
     ordering = ("-id",)  # ids are time-ordered (ULIDs): newest first, by the primary key
     search_fields = ("id",)  # shows the box; get_search_results does the matching
-    search_help_text = "Exact account id or owner's username; several separated by spaces."
+    search_help_text = (
+        "An account's name, or words in it as one phrase (holiday fund finds \"Holiday fund 2026\"); or exact "
+        "account ids or owners' usernames, several separated by spaces."
+    )
     actions = ["freeze_selected", "unfreeze_selected"]
     # Its payments, transfers and staff acts: the page's buttons (change_form.html).
     fields = ("id", "owner", "name", "kind", "status_col", "balance_col", "created_at", "updated_at")
@@ -212,17 +221,18 @@ class AccountAdmin(
     inlines = [StaffActionInline]
 
     status_col = display_column("status", account_status_badge, "status")
-    balance_col = display_column("balance", thousands, "balance")
+    balance_col = display_column("balance", human, "balance")
 
     @admin.display(description="transfers")
     def transfers_col(self, obj):
         return format_html('<a href="{}">transfers</a>', account_transfers_url(obj.pk))
 
     def get_search_results(self, request, queryset, search_term):
-        terms = search_term.split()[:MAX_SEARCH_TERMS]
+        phrase = search_phrase(search_term)
+        terms = phrase.split()[:MAX_SEARCH_TERMS]
         if not terms:
             return queryset, False
-        return queryset.filter(pk__in=terms) | queryset.filter(owner__username__in=terms), False
+        return queryset.filter(account_search_condition(terms=terms, phrase=phrase)), False
 
     # --- freeze / unfreeze: a confirmation page with a reason, then account_freeze -------
 
@@ -255,7 +265,7 @@ class AccountAdmin(
                 left_alone = ""
             rows.append(ConfirmRow(
                 [account_id_link(account.pk), username(account.owner), account.kind,
-                 account_status_badge(account.status), thousands(account.balance)],
+                 account_status_badge(account.status), human(account.balance)],
                 left_alone=left_alone,
             ))
         return ["account", "owner", "kind", "status", "balance"], rows
@@ -358,11 +368,12 @@ class AccountAdmin(
         if submission.request is not None:
             req = submission.request
             return (
-                f"a deposit of {req.amount} into {req.account_id} was requested as {req.id} (now {req.status});"
+                f"a deposit of {human(req.amount)} into {req.account_id} was requested as {req.id} (now {req.status});"
                 " it moves money once another staff member approves it"
             )
         dep = submission.deposit
-        return f"{dep.amount} was deposited into {dep.account_id} at {dep.posted_at.isoformat()} (ledger key {dep.key})"
+        return (f"{human(dep.amount)} was deposited into {dep.account_id} at {human(dep.posted_at)} "
+                f"(ledger key {dep.key})")
 
     def deposit_already_submitted(self, request, submission) -> None:
         self.message_user(
@@ -391,13 +402,15 @@ class AccountAdmin(
                 format_html(
                     "{} is above the approval threshold ({}): requested as {}. Another staff member with "
                     "ledger.approve_deposit must approve it; nothing moved yet.",
-                    amount, settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD, deposit_request_link(req.id),
+                    human(amount), human(settings.DELAYPAY_DEPOSIT_APPROVAL_THRESHOLD), deposit_request_link(req.id),
                 ),
                 messages.SUCCESS,
             )
             self.log_change(request, account, f"Deposit of {amount} requested ({req.id}): {reason}")
             return
-        self.message_user(request, f"Deposited {amount} into {account.pk} (ledger key {token}).", messages.SUCCESS)
+        self.message_user(
+            request, f"Deposited {human(amount)} into {account.pk} (ledger key {token}).", messages.SUCCESS
+        )
         self.log_change(request, account, f"Deposit of {amount} (ledger key {token}): {reason}")
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
@@ -459,7 +472,7 @@ class DepositRequestAdmin(
         "id", "account_col", "amount_col", "status_col", "why", "requested_by", "beneficiary", "created_at_col",
         "decided_by", "decided_at_col",
     )
-    list_select_related = ("requested_by", "decided_by", "beneficiary")
+    list_select_related = ("requested_by", "decided_by", "beneficiary", "account__owner")
     list_filter = ("status", "why")
     ordering = ("-id",)  # ids are ULIDs: newest first
     search_fields = ("id",)  # shows the box; get_search_results does the matching
@@ -471,11 +484,11 @@ class DepositRequestAdmin(
     )
     readonly_fields = fields
 
-    account_col = display_column("account_id", account_id_link, "account", ordering="account")
-    amount_col = display_column("amount", thousands, "amount")
+    account_col = display_column("account", account_named_cell, "account", ordering="account")
+    amount_col = display_column("amount", human, "amount")
     status_col = display_column("status", request_status_badge, "status")
-    created_at_col = display_column("created_at", utc_text, "requested (UTC)")
-    decided_at_col = display_column("decided_at", utc_text, "decided (UTC)")
+    created_at_col = display_column("created_at", human, "requested (UTC)")
+    decided_at_col = display_column("decided_at", human, "decided (UTC)")
 
     @admin.display(description="ledger transfer")
     def transfer_col(self, obj):
@@ -483,7 +496,7 @@ class DepositRequestAdmin(
         if transfer is None:
             return "none: no money moved for this request"
         url = reverse("admin:ledger_transfer_change", args=[transfer.pk])
-        return format_html('<a href="{}">transfer #{}</a> at {}', url, transfer.pk, transfer.created_at.isoformat())
+        return format_html('<a href="{}">transfer #{}</a> at {}', url, transfer.pk, human(transfer.created_at))
 
     def get_search_results(self, request, queryset, search_term):
         terms = search_term.split()[:MAX_SEARCH_TERMS]
@@ -500,9 +513,8 @@ class DepositRequestAdmin(
         return request.user.has_perm("ledger.approve_deposit")
 
     def confirmation_rows(self, request, act: DecisionAct, object_ids: list[str]):
-        found = {
-            r.pk: r for r in DepositRequest.objects.filter(pk__in=object_ids).select_related("requested_by", "account")
-        }
+        requests = DepositRequest.objects.filter(pk__in=object_ids).select_related("requested_by", "account__owner")
+        found = {r.pk: r for r in requests}
         rows = []
         for request_id in sorted(object_ids, key=lambda pk: (pk not in found, pk)):
             req = found.get(request_id)
@@ -518,7 +530,7 @@ class DepositRequestAdmin(
             else:
                 left_alone = ""
             rows.append(ConfirmRow(
-                [deposit_request_link(req.pk), account_id_link(req.account_id), thousands(req.amount),
+                [deposit_request_link(req.pk), account_named_cell(req.account), human(req.amount),
                  username(req.requested_by), req.reason, request_status_badge(req.status)],
                 left_alone=left_alone,
             ))
@@ -604,8 +616,8 @@ class StaffActionAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnl
     )
     readonly_fields = fields
 
-    created_at_col = display_column("created_at", utc_text, "at (UTC)")
-    amount_col = display_column("amount", lambda amount: "-" if amount is None else thousands(amount), "amount")
+    created_at_col = display_column("created_at", human, "at (UTC)")
+    amount_col = display_column("amount", human, "amount")
 
     @admin.display(description="account", ordering="account")
     def account_col(self, obj):
@@ -654,11 +666,11 @@ class TransferAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, ReadOnlyAd
     search_help_text = "Exact transfer key (a payment's id for a payment) or account id; several separated by spaces."
     fields = ("id", "key", "debit_col", "credit_col", "amount_col", "created_at")
     readonly_fields = fields
-    amount_col = display_column("amount", thousands, "amount")
+    amount_col = display_column("amount", human, "amount")
 
     debit_col = display_column("debit_account_id", account_id_link, "debit", ordering="debit_account")
     credit_col = display_column("credit_account_id", account_id_link, "credit", ordering="credit_account")
-    created_at_col = display_column("created_at", utc_text, "created at (UTC)")
+    created_at_col = display_column("created_at", human, "created at (UTC)")
 
     def get_search_results(self, request, queryset, search_term):
         return exact_terms_search(queryset, search_term, ("key", "debit_account_id", "credit_account_id"))
@@ -699,14 +711,14 @@ class PendingTransferAdmin(ActionPermissionAdminMixin, LargeTableAdminMixin, Rea
         "transfers_col",
     )
     readonly_fields = fields
-    amount_col = display_column("amount", thousands, "amount")
+    amount_col = display_column("amount", human, "amount")
 
     debit_col = display_column("debit_account_id", account_id_link, "payer (debit)", ordering="debit_account")
     clearing_col = display_column("clearing_account_id", account_id_link, "held in", ordering="clearing_account")
     credit_col = display_column("credit_account_id", account_id_link, "posts to", ordering="credit_account")
     state_col = display_column("state", pending_state_badge, "state")
-    created_at_col = display_column("created_at", utc_text, "reserved (UTC)")
-    resolved_at_col = display_column("resolved_at", utc_text, "resolved (UTC)")
+    created_at_col = display_column("created_at", human, "reserved (UTC)")
+    resolved_at_col = display_column("resolved_at", human, "resolved (UTC)")
 
     @admin.display(description="transfers")
     def transfers_col(self, obj):

@@ -117,7 +117,7 @@ class Transfer(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.key}: {self.debit_account_id} -> {self.credit_account_id} {self.amount}"
+        return f"{self.key}: {self.debit_account_id} -> {self.credit_account_id} {self.amount:,}"
 
 
 class DepositApprovalWhy(models.TextChoices):
@@ -207,7 +207,7 @@ class DepositRequest(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.id}: {self.amount} into {self.account_id} ({self.status})"
+        return f"{self.id}: {self.amount:,} into {self.account_id} ({self.status})"
 
 
 class StaffActionKind(models.TextChoices):
@@ -261,7 +261,8 @@ class StaffAction(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.action} by {self.actor_id}: {self.reason[:40]}"
+        # The actor's username, not their id (the console's lists load the actor with the row).
+        return f"{self.action} by {self.actor.get_username()}: {self.reason[:40]}"
 
 
 class DepositFormToken(models.Model):

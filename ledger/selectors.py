@@ -18,6 +18,27 @@ def account_visible_to(*, user) -> QuerySet[Account]:
     return qs if staff_may_view(user, Account) else qs.filter(owner=user)
 
 
+# Quotes around a search ("holiday fund") only say that it is one phrase.
+PHRASE_QUOTES = "\"'\u201c\u201d\u2018\u2019"
+
+
+def search_phrase(search_term: str) -> str:
+    """The whole search as one phrase: the quotes around it dropped, runs of white space
+    folded to one space, NUL characters (which PostgreSQL text cannot hold) removed."""
+    return " ".join(search_term.replace("\x00", "").strip().strip(PHRASE_QUOTES).split())
+
+
+def account_search_condition(*, terms: list[str], phrase: str) -> Q:
+    """The accounts a console search names: one whose id, or whose owner's username, is
+    exactly one of ``terms`` (ids pasted from a sheet, several at once), or whose name holds
+    the whole ``phrase``, case-insensitively: "holiday fund" finds "Holiday fund 2026" and
+    "Our holiday fund", never "fund for the holiday" (the words are not searched one by one)."""
+    condition = Q(pk__in=terms) | Q(owner__username__in=terms)
+    if phrase:
+        condition |= Q(name__icontains=phrase)
+    return condition
+
+
 def transfer_visible_to(*, user) -> QuerySet[Transfer]:
     """Transfers a user may read: those debiting or crediting an account they own; every
     transfer for staff with ``ledger.view_transfer``."""

@@ -44,7 +44,6 @@ past the cron horizon, the series has simply run out.
 
 import itertools
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -54,10 +53,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from croniter import CroniterError, croniter
 from dateutil.relativedelta import relativedelta
 
-_DURATION_RE = re.compile(
-    r"^P(?!$)(?:(?P<years>\d+)Y)?(?:(?P<months>\d+)M)?(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
-    r"(?:T(?=\d)(?:(?P<hours>\d+)H)?(?:(?P<minutes>\d+)M)?(?:(?P<seconds>\d+)S)?)?$"
-)
+from common.formats import ISO_DURATION
+
+_DURATION_RE = ISO_DURATION  # the console reads intervals with the same pattern (common/formats.py)
 _CALENDAR = ("years", "months", "weeks", "days")
 _CLOCK = ("hours", "minutes", "seconds")
 _MICROSECOND = timedelta(microseconds=1)

@@ -288,6 +288,9 @@ ROUTES: dict[str, Admin] = {
     "favicon": Admin((), public=True),  # the console's icon, asked for by every page
     "admin-dashboard": Admin((VIEW_PAYMENT,)),
     "admin-limits": Admin((VIEW_PAYMENT,)),
+    # The console-wide search: any staff member; each finds only what they may view (a page
+    # saying "nothing you may see", or a redirect to the one match).
+    "admin-search": Admin(()),
     # The payment list as CSV (the same filters as the list): reading, so the view permission.
     "admin:payments_scheduledpayment_export": Admin((VIEW_PAYMENT,)),
     "admin:payments_scheduledpayment_cancel": Admin(

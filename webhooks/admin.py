@@ -29,8 +29,8 @@ from common.admin_tools import (
     display_column,
     id_in_url,
     report,
-    utc_text,
 )
+from common.formats import human
 
 from .models import Delivery, DeliveryAttempt, DeliveryStatus, Endpoint, Event
 from .services import delivery_resend
@@ -88,7 +88,7 @@ class EndpointAdmin(ActionPermissionAdminMixin, ReadOnlyAdminMixin, admin.ModelA
     )
     readonly_fields = fields
 
-    failing_since_col = display_column("failing_since", utc_text, "failing since (UTC)")
+    failing_since_col = display_column("failing_since", human, "failing since (UTC)")
 
     @admin.display(description="events")
     def events_col(self, obj):

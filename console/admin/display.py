@@ -1,14 +1,18 @@
 """Cells, badges and links the console's lists and pages share, and the admin search's terms."""
 
 import re
+from datetime import datetime
 
-from django.db.models import Q
+from django.contrib.auth import get_user_model
+from django.db.models import BigIntegerField, Case, OuterRef, Q, Subquery, When
+from django.db.models.functions import Cast, Substr
 from django.utils.html import format_html
 
 from common.admin_tools import (
     badge,
     change_url,
 )
+from common.formats import human
 from console.admin_rails import breaker_badge, payee_cell
 from ledger.models import Account
 from payments.models import (
@@ -17,9 +21,9 @@ from payments.models import (
     Payout,
     PayoutState,
     RecurringStatus,
-    ReviewReason,
     ScheduledPayment,
 )
+from payments.reasons import failure_reason, review_reason
 from payments.selectors import (
     payments_matching,
 )
@@ -46,11 +50,6 @@ SEARCH_SEPARATORS = re.compile(r"[\s,]+")
 
 def status_badge(status: str):
     return badge(status, STATUS_TONES.get(status, "grey"))
-
-
-def money(amount) -> str:
-    """An amount in minor units with thousands separators (1,234,567)."""
-    return f"{amount:,}" if isinstance(amount, int) else "-"
 
 
 def admin_link(obj, text=None):
@@ -106,16 +105,17 @@ def search_terms(search_term: str) -> tuple[list[str], int]:
     return terms[:MAX_SEARCH_TERMS], len(terms)
 
 
-def accounts_by_prefix(terms: list[str]) -> tuple[list[str], bool]:
-    """Ids of the accounts a term names: by id, by a prefix of the owner's username (the
+def accounts_by_prefix(terms: list[str], phrase: str = "") -> tuple[list[str], bool]:
+    """Ids of the accounts a search names: by id, by a prefix of the owner's username (the
     unique index on auth_user.username, varchar_pattern_ops copy, serves LIKE 'x%'), or
-    by a prefix of the account's name (no index: a read of the accounts table, bounded by
-    MAX_PREFIX_ACCOUNTS rows, never of the payments). True when more matched than taken."""
+    by the whole search as one phrase in the account's name ("holiday fund": not each word
+    on its own; no index: a read of the accounts table, bounded by MAX_PREFIX_ACCOUNTS
+    rows, never of the payments). True when more matched than taken."""
     if not terms:
         return [], False
-    by_name = Q()
+    by_name = Q(name__icontains=phrase) if phrase else Q()
     for term in terms:
-        by_name |= Q(owner__username__startswith=term) | Q(name__istartswith=term)
+        by_name |= Q(owner__username__startswith=term)
     exact = list(Account.objects.filter(pk__in=terms).values_list("pk", flat=True))
     prefixed = list(
         Account.objects.filter(by_name).order_by().values_list("pk", flat=True)[: MAX_PREFIX_ACCOUNTS + 1]
@@ -124,13 +124,13 @@ def accounts_by_prefix(terms: list[str]) -> tuple[list[str], bool]:
     return sorted({*exact, *prefixed[:MAX_PREFIX_ACCOUNTS]}), more
 
 
-def payment_admin_search_condition(*, terms: list[str]) -> tuple[Q, bool]:
+def payment_admin_search_condition(*, terms: list[str], phrase: str = "") -> tuple[Q, bool]:
     """What the payment list's search matches (any term): a payment id, a recurring id
-    (its occurrences), an account id, or a prefix of an account's name or its owner's
-    username, either side. Accounts are resolved first so the payments are read through
-    the lookup table's account indexes; ids through its primary key, occurrences through
-    payments_recurring_idx (selectors.payments_matching)."""
-    account_ids, more = accounts_by_prefix(terms)
+    (its occurrences), an account id, a prefix of an account owner's username, or the whole
+    search as a phrase in an account's name, either side. Accounts are resolved first so the
+    payments are read through the lookup table's account indexes; ids through its primary
+    key, occurrences through payments_recurring_idx (selectors.payments_matching)."""
+    account_ids, more = accounts_by_prefix(terms, phrase)
     condition = payments_matching(ids=terms, account_ids=account_ids,
                                   recurring_ids=[t for t in terms if t.startswith("rec_")])
     return condition, more
@@ -145,17 +145,71 @@ def reserved_payout_ids(payment_ids) -> set[str]:
 
 # --- the review queue: why a payment waits for staff, and the state of its rail ----------
 
-REVIEW_REASON_TEXT = {
-    ReviewReason.ATTEMPTS_EXHAUSTED: "Workers started it as many times as the retry budget allows "
-    "(DELAYPAY_MAX_ATTEMPTS) and none recorded an outcome.",
-    ReviewReason.OUTCOME_UNKNOWN: "The rail never said whether it paid this payout (timeouts or server errors "
-    "through its retry budget); its funds stay reserved until it is resolved against the rail.",
-}
+# --- an event's data, as staff read it ------------------------------------------------------
+
+# Event data whose values are reason codes: shown with their sentence (payments/reasons.py).
+CODED_EVENT_DATA = {"failure_reason": failure_reason, "review_reason": review_reason}
 
 
-def review_reason_text(reason: str) -> str:
-    """A review reason as a sentence for staff (the code itself when it has none)."""
-    return REVIEW_REASON_TEXT.get(reason, reason or "-")
+def data_value(key: str, value) -> str:
+    """One value of an event's data: a reason with its sentence, an ISO time (the events
+    store them with microseconds) as a time, a nested record's values likewise."""
+    if key in CODED_EVENT_DATA and isinstance(value, str) and value:
+        return human(CODED_EVENT_DATA[key](value))
+    if isinstance(value, dict):
+        return f"({data_text(value, separator=', ')})"
+    if isinstance(value, list):
+        return ", ".join(data_value(key, item) for item in value) or "none"
+    if isinstance(value, str) and len(value) >= 19 and value[4:5] == "-" and value[10:11] == "T":
+        try:
+            return human(datetime.fromisoformat(value))
+        except ValueError:
+            return value
+    return human(value)
+
+
+def data_text(data: dict, *, separator: str = "; ") -> str:
+    """An event's data (payment and recurring events) as "key: value" pairs staff read."""
+    return separator.join(f"{key}: {data_value(key, value)}" for key, value in data.items())
+
+
+# --- who did it: "user:<id>" actors as usernames ---------------------------------------------
+
+# How the audit tables name a user who acted (payments.services: "user:<id>"); other actors
+# (promoter, worker:<name>, system) are names already.
+USER_ACTOR = re.compile(r"^user:([0-9]{1,18})$")
+
+
+def actor_usernames(actors) -> dict[str, str]:
+    """"user:<id>" -> the username, for every such actor given: one query, whatever the count."""
+    ids = {int(match[1]) for actor in actors if (match := USER_ACTOR.match(actor or ""))}
+    if not ids:
+        return {}
+    names = get_user_model().objects.filter(pk__in=ids).values_list("pk", "username")
+    return {f"user:{pk}": username for pk, username in names}
+
+
+def with_actor_username(queryset):
+    """``queryset`` (of a table with an ``actor`` column) with ``actor_username``: the
+    username of a "user:<id>" actor, from one primary-key lookup per row of the page."""
+    user_id = Cast(Substr(OuterRef("actor"), len("user:") + 1), BigIntegerField())
+    username = get_user_model().objects.filter(pk=user_id).values("username")[:1]
+    return queryset.annotate(actor_username=Case(When(actor__regex=USER_ACTOR.pattern, then=Subquery(username))))
+
+
+def actor_text(obj) -> str:
+    """Who acted, as staff read it: a username (never "user:4"), or the process's name."""
+    return getattr(obj, "actor_username", None) or obj.actor
+
+
+def review_reason_text(code: str) -> str:
+    """A review reason as staff read it: its sentence, then the code (payments/reasons.py)."""
+    return human(review_reason(code))
+
+
+def failure_reason_text(code: str) -> str:
+    """A failure reason as staff read it: its sentence, then the code (payments/reasons.py)."""
+    return human(failure_reason(code))
 
 
 # What an open or half-open breaker means for a payout sent to its rail now.

@@ -26,13 +26,13 @@ from common.admin_tools import (
     has_model_permission,
     id_in_url,
     report,
-    utc_text,
 )
 from common.authz import ConflictOfInterest, MissingPermission
+from common.formats import human
 from console.admin_rails import payout_state_badge
 from console.dashboard import age_text
 from ledger.models import PendingTransfer, StaffAction
-from ledger.selectors import transfer_by_key
+from ledger.selectors import search_phrase, transfer_by_key
 from ledger.services import PENDING_PREFIX, POST_PREFIX, VOID_PREFIX
 from payments.exceptions import (
     PaymentNotCancellable,
@@ -50,6 +50,7 @@ from payments.models import (
     RailState,
     ScheduledPayment,
 )
+from payments.reasons import failure_reason
 from payments.selectors import (
     payment_execute_at_bounds,
     payment_execute_at_condition,
@@ -59,8 +60,8 @@ from . import display
 from .display import (
     account_cell,
     admin_link,
+    failure_reason_text,
     from_detail,
-    money,
     party_cell,
     payment_admin_search_condition,
     payment_link,
@@ -124,7 +125,7 @@ class PayerToPayeeAdminMixin:
     list_select_related = ("from_account__owner", "to_account__owner", "to_payee")
     from_col = display_column("from_account", party_cell, "from")
     status_col = display_column("status", status_badge, "status")
-    amount_col = display_column("amount", money, "amount")
+    amount_col = display_column("amount", human, "amount")
 
     @admin.display(description="from")
     def from_detail_col(self, obj):
@@ -270,7 +271,7 @@ class ScheduledPaymentAdmin(
         "status_col",
         "attempt",
         "executed_at_col",
-        "failure_reason",
+        "failure_reason_col",
     )
     list_filter = (
         "status", DueFilter, FailureReasonFilter, KindFilter, RailFilter, PayeeFilter, PayerFilter, AccountFilter,
@@ -309,8 +310,8 @@ class ScheduledPaymentAdmin(
 
     search_fields = ("id",)  # shows the box; get_search_results does the matching
     search_help_text = (
-        "Exact payment, recurring or account ids, or the start of a username or account name; several separated by "
-        f"spaces or commas (at most {display.MAX_SEARCH_TERMS})."
+        "Exact payment, recurring or account ids, or the start of a username, several separated by spaces or commas "
+        f"(at most {display.MAX_SEARCH_TERMS}); or an account's name, the words as one phrase (holiday fund)."
     )
     actions = ["cancel_selected", "redrive_selected", "resolve_selected"]
 
@@ -334,15 +335,32 @@ class ScheduledPaymentAdmin(
 
     @admin.display(description="why it waits", ordering="review_reason")
     def review_reason_col(self, obj):
-        return format_html('{}<br><span class="dp-quiet dp-mono">{}</span>', review_reason_text(obj.review_reason),
-                           obj.review_reason)
+        return review_reason_text(obj.review_reason)
+
+    @admin.display(description="failure reason", ordering="failure_reason")
+    def failure_reason_col(self, obj):
+        """Narrow in the list: the reason's first words and its code, the sentence on hover."""
+        if not obj.failure_reason:
+            return "-"
+        reason = failure_reason(obj.failure_reason)
+        return format_html('<span title="{}">{}</span>', human(reason), human(reason, "headline"))
+
+    @admin.display(description="failure reason")
+    def failure_reason_detail(self, obj):
+        return failure_reason_text(obj.failure_reason) if obj.failure_reason else "-"
+
+    @admin.display(description="review reason", ordering="review_reason")
+    def review_reason_detail(self, obj):
+        return review_reason_text(obj.review_reason) if obj.review_reason else "-"
+
+    expires_after_col = display_column("expires_after", human, "expires after")
 
     @admin.display(description="parked since (UTC)", ordering="updated_at")
     def parked_since_col(self, obj):
         """A payment in review is not updated until staff act: updated_at is when it was
         parked (payments_review_idx, the dashboard's queue age)."""
         age = max((timezone.now() - obj.updated_at).total_seconds(), 0)
-        return format_html('{}<br><span class="dp-quiet">{} ago</span>', utc_text(obj.updated_at), age_text(age))
+        return format_html('{}<br><span class="dp-quiet">{} ago</span>', human(obj.updated_at), age_text(age))
 
     @admin.display(description="at the rail")
     def at_rail_col(self, obj):
@@ -363,13 +381,15 @@ class ScheduledPaymentAdmin(
             {
                 "fields": (
                     "status_col", "amount_col", "from_detail_col", "to_detail_col", "payer_col", "execute_at_detail",
-                    "executed_at_detail", "failure_reason", "review_reason", "next_attempt_at_detail",
+                    "executed_at_detail", "failure_reason_detail", "review_reason_detail", "next_attempt_at_detail",
                 )
             },
         ),
         (
             "Schedule",
-            {"fields": ("requested_execute_at", "jitter_seconds", "expires_after", "recurring_col", "occurrence_at")},
+            {"fields": (
+                "requested_execute_at", "jitter_seconds", "expires_after_col", "recurring_col", "occurrence_at",
+            )},
         ),
         (
             "State",
@@ -379,9 +399,9 @@ class ScheduledPaymentAdmin(
         ("Record", {"fields": ("created_at", "updated_at")}),
     )
 
-    execute_at_detail = display_column("execute_at", utc_text, "due (UTC)")
-    executed_at_detail = display_column("executed_at", utc_text, "executed (UTC)")
-    next_attempt_at_detail = display_column("next_attempt_at", utc_text, "next attempt (UTC)")
+    execute_at_detail = display_column("execute_at", human, "due (UTC)")
+    executed_at_detail = display_column("executed_at", human, "executed (UTC)")
+    next_attempt_at_detail = display_column("next_attempt_at", human, "next attempt (UTC)")
 
     @admin.display(description="recurring payment")
     def recurring_col(self, obj):
@@ -393,7 +413,7 @@ class ScheduledPaymentAdmin(
             return queryset, False
         if given > len(terms):
             warn_once(request, f"{given} ids or names pasted, the first {len(terms)} searched.")
-        condition, more = payment_admin_search_condition(terms=terms)
+        condition, more = payment_admin_search_condition(terms=terms, phrase=search_phrase(search_term))
         if more:
             warn_once(
                 request,
@@ -494,8 +514,8 @@ class ScheduledPaymentAdmin(
         },
     )
 
-    execute_at_col = display_column("execute_at", utc_text, "execute at (UTC)")
-    executed_at_col = display_column("executed_at", utc_text, "executed at (UTC)")
+    execute_at_col = display_column("execute_at", human, "execute at (UTC)")
+    executed_at_col = display_column("executed_at", human, "executed at (UTC)")
 
     def get_fieldsets(self, request, obj=None):
         fieldsets = super().get_fieldsets(request, obj)
@@ -515,8 +535,8 @@ class ScheduledPaymentAdmin(
         return format_html_join(
             "", "<div>{} · {} · {} → {} · {} at {}</div>",
             (
-                (admin_link(t, f"transfer #{t.pk}"), t.key, t.debit_account_id, t.credit_account_id, t.amount,
-                 t.created_at.isoformat())
+                (admin_link(t, f"transfer #{t.pk}"), t.key, t.debit_account_id, t.credit_account_id, human(t.amount),
+                 human(t.created_at))
                 for t in transfers
             ),
         )
@@ -527,11 +547,12 @@ class ScheduledPaymentAdmin(
         if payout is None:
             return "not at the rail yet: its funds are reserved when it is first submitted"
         return format_html(
-            "{} · {} to {} on {}", payout_state_badge(payout.state), payout.amount, payout.destination, payout.rail
+            "{} · {} to {} on {}", payout_state_badge(payout.state), human(payout.amount), payout.destination,
+            payout.rail,
         )
 
     payout_reference = payout_field("reference", "rail's reference")
-    payout_paid_at = payout_field("paid_at", "paid at (the rail's time)", lambda value: value.isoformat())
+    payout_paid_at = payout_field("paid_at", "paid at (the rail's time)", human)
     payout_decline_code = payout_field("decline_code", "decline code")
     payout_submissions = payout_field("submissions", "submissions")
     payout_lookups = payout_field("lookups", "lookups")
@@ -543,11 +564,11 @@ class ScheduledPaymentAdmin(
         if pending is None:
             return "none: no funds reserved"
         url = reverse("admin:ledger_pendingtransfer_change", args=[id_in_url(pending.pk)])
-        resolved = f", {pending.state} at {pending.resolved_at.isoformat()}" if pending.resolved_at else ""
+        resolved = f", {pending.state} at {human(pending.resolved_at)}" if pending.resolved_at else ""
         return format_html(
             '<a href="{}">{}</a> · {} from {} held in {} for {} · reserved at {}{}',
-            url, pending.state, pending.amount, pending.debit_account_id, pending.clearing_account_id,
-            pending.credit_account_id, pending.created_at.isoformat(), resolved,
+            url, pending.state, human(pending.amount), pending.debit_account_id, pending.clearing_account_id,
+            pending.credit_account_id, human(pending.created_at), resolved,
         )
 
 
@@ -593,9 +614,9 @@ class ScheduledPaymentAdmin(
                 left_alone = ""
             rows.append(ConfirmRow(
                 [
-                    payment_link(p.pk), status_badge(p.status), p.amount, account_cell(p.from_account),
-                    to_cell(p), utc_text(p.execute_at), p.tries, review_reason_text(p.review_reason),
-                    utc_text(p.updated_at), self.rail_now(p, rails),
+                    payment_link(p.pk), status_badge(p.status), human(p.amount), account_cell(p.from_account),
+                    to_cell(p), human(p.execute_at), p.tries, review_reason_text(p.review_reason),
+                    human(p.updated_at), self.rail_now(p, rails),
                 ],
                 left_alone=left_alone,
             ))
@@ -677,5 +698,5 @@ class ScheduledPaymentAdmin(
             return "-"
         return format_html_join(
             "", "<div>{} · {} by {}: {}</div>",
-            ((utc_text(a.created_at), a.action, a.actor.get_username(), a.reason) for a in actions),
+            ((human(a.created_at), a.action, a.actor.get_username(), a.reason) for a in actions),
         )

@@ -19,8 +19,8 @@ from common.admin_tools import (
     display_column,
     has_model_permission,
     report,
-    utc_text,
 )
+from common.formats import human
 from payments.exceptions import (
     RecurringNotFound,
     RecurringStateError,
@@ -37,7 +37,15 @@ from payments.selectors import (
 )
 from recurring.services import recurring_end, recurring_pause, recurring_resume
 
-from .display import admin_link, money, payment_link, status_badge
+from .display import (
+    actor_text,
+    admin_link,
+    data_text,
+    failure_reason_text,
+    payment_link,
+    status_badge,
+    with_actor_username,
+)
 from .payments import PayerToPayeeAdminMixin
 
 # One request pauses, resumes or ends at most this many recurring payments.
@@ -53,31 +61,42 @@ class OccurrenceInline(ReadOnlyAdminMixin, admin.TabularInline):
         f"occurrences (the latest {LatestRowsInlineFormSet.max_rows}; search the payments for the recurring id "
         "to see them all)"
     )
-    fields = ("payment_col", "occurrence_at", "execute_at", "amount", "status_col", "failure_reason")
+    fields = ("payment_col", "occurrence_at", "execute_at", "amount_col", "status_col", "failure_reason_col")
     readonly_fields = fields
     ordering = ("-occurrence_at", "-id")
     extra = 0
     can_delete = False
     payment_col = display_column("id", payment_link, "payment")
     status_col = display_column("status", status_badge, "status")
+    amount_col = display_column("amount", human, "amount")
+    failure_reason_col = display_column("failure_reason", failure_reason_text, "failure reason")
 
 
 class RecurringEventInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = RecurringEvent
     formset = LatestRowsInlineFormSet
     verbose_name_plural = f"event history (the latest {LatestRowsInlineFormSet.max_rows}, newest first)"
-    fields = ("created_at", "kind", "actor", "actor_user", "data")
+    fields = ("created_at", "kind", "actor_col", "data_col")
     readonly_fields = fields
     ordering = ("-id",)
     extra = 0
     can_delete = False
 
     def get_queryset(self, request):
-        return super().get_queryset(request).select_related("actor_user")
+        return with_actor_username(super().get_queryset(request))
+
+    @admin.display(description="actor")
+    def actor_col(self, obj):
+        return actor_text(obj)
+
+    @admin.display(description="data")
+    def data_col(self, obj):
+        return data_text(obj.data) if obj.data else "-"
 
 
 def rule_text(obj) -> str:
-    rule = obj.interval or f"cron {obj.cron}"
+    """"every 1 minute" (an ISO 8601 interval, PT1M) or "cron 0 9 * * 1", and its time zone."""
+    rule = human(obj.interval, "every") if obj.interval else f"cron {obj.cron}"
     return rule if obj.timezone == "UTC" else f"{rule} ({obj.timezone})"
 
 
@@ -162,7 +181,7 @@ class RecurringPaymentAdmin(
     )
 
     next_occurrence_at_col = display_column(
-        "next_occurrence_at", utc_text, "occurrence after it (UTC; generated when the next payment falls due)"
+        "next_occurrence_at", human, "occurrence after it (UTC; generated when the next payment falls due)"
     )
 
     @admin.display(description="next payment due (UTC)", ordering="next_occurrence_at")
@@ -173,9 +192,9 @@ class RecurringPaymentAdmin(
         if obj.status != RecurringStatus.ACTIVE:
             return "-"
         if obj.last_occurrence_at is not None and obj.last_occurrence_at > timezone.now():
-            return utc_text(obj.last_occurrence_at)
-        return utc_text(obj.next_occurrence_at) if obj.next_occurrence_at else "-"
-    created_at_col = display_column("created_at", utc_text, "created (UTC)")
+            return human(obj.last_occurrence_at)
+        return human(obj.next_occurrence_at) if obj.next_occurrence_at else "-"
+    created_at_col = display_column("created_at", human, "created (UTC)")
 
     @admin.display(description="rule")
     def rule_col(self, obj):
@@ -201,7 +220,7 @@ class RecurringPaymentAdmin(
                 RecurringEvent.objects.filter(recurring_id__in=object_ids, kind=RecurringEvent.Kind.PAUSED)
                 .values("recurring_id").annotate(at=Max("created_at")).values_list("recurring_id", "at")
             )
-            last = {pk: utc_text(at) for pk, at in paused_at.items()}
+            last = {pk: human(at) for pk, at in paused_at.items()}
         else:
             last_header = "scheduled occurrence to cancel"
             last = dict(
@@ -215,7 +234,7 @@ class RecurringPaymentAdmin(
                 rows.append(ConfirmRow([recurring_id, "-", "-", "-", "-"], left_alone="no such recurring payment"))
                 continue
             rows.append(ConfirmRow(
-                [admin_link(rec), rule_text(rec), status_badge(rec.status), money(rec.amount),
+                [admin_link(rec), rule_text(rec), status_badge(rec.status), human(rec.amount),
                  last.get(rec.pk, "-" if act.name == "resume" else 0)],
                 left_alone=self.left_alone(act, rec, pending=last.get(rec.pk, 0) if act.name == "end" else 0),
             ))

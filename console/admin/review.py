@@ -4,7 +4,7 @@ and its timeline of events and attempts."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.contrib import admin
 from django.utils.dateparse import parse_datetime
@@ -16,6 +16,7 @@ from common.admin_tools import (
     badge,
 )
 from common.authz import staff_may_view
+from common.formats import human
 from console.forms import RedriveForm, ReviewForm
 from payments.models import (
     ExecutionAttempt,
@@ -26,6 +27,8 @@ from payments.models import (
 )
 from payments.services import payment_cancel_by_staff, payment_redrive, payment_resolve
 
+from .display import actor_usernames, data_text
+
 
 def payout_of(payment) -> Payout | None:
     """A payout's record at its rail (none until its funds are reserved), read once per page."""
@@ -34,7 +37,7 @@ def payout_of(payment) -> Payout | None:
     return payment._payout_record
 
 
-def payout_field(attr: str, description: str, render=str):
+def payout_field(attr: str, description: str, render=human):
     """A row of the payment page's "At the rail" section: ``attr`` of its payout record."""
 
     @admin.display(description=description)
@@ -145,12 +148,13 @@ class TimelineEntry:
 
     @property
     def when(self) -> str:
-        return self.at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:23]
+        return human(self.at)
 
 
 def _event_detail(event: PaymentEvent) -> str:
     parts = [f"attempt {event.attempt}"] if event.attempt else []
-    parts += [f"{key}: {value}" for key, value in (event.data or {}).items()]
+    if event.data:
+        parts.append(data_text(event.data))
     return "; ".join(parts)
 
 
@@ -219,6 +223,7 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
     else:
         hidden.append("attempts")
     entries = []
+    usernames = actor_usernames(e.actor for e in events if not e.actor_user_id)
     pending_claim = first_claim(payment, events) if "events" not in hidden else None
     for event in events:
         if pending_claim and event.created_at >= pending_claim.at and event.kind != PaymentEvent.Kind.CREATED:
@@ -227,7 +232,7 @@ def payment_timeline(*, user, payment) -> tuple[list[TimelineEntry], list[str]]:
         what = [event.kind]
         if event.from_status != event.to_status:
             what += [event.from_status, "→", event.to_status] if event.from_status else ["→", event.to_status]
-        actor = event.actor_user.get_username() if event.actor_user_id else event.actor
+        actor = event.actor_user.get_username() if event.actor_user_id else usernames.get(event.actor, event.actor)
         entries.append(TimelineEntry(event.created_at, " ".join(what), actor, _event_detail(event)))
         if event.kind in CLAIM_KINDS and event.attempt in attempts:
             entries.append(_attempt_entry(attempts.pop(event.attempt)))

@@ -12,9 +12,9 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from common.admin_tools import id_in_url
+from common.formats import human
 from delaypay.logs import ClientErrorWithoutTraceback, TickLinesAtDebug, logging_config
 from ledger.models import Account, StaffAction
-from ledger.templatetags.money import thousands
 from tests.conftest import admin_client_for
 from tests.factories import UserFactory, due_payment, funded_account
 
@@ -159,8 +159,9 @@ def test_user_page_links_to_their_accounts_and_payments(superuser):
 
 
 def test_thousands_filter():
-    assert [thousands(v) for v in (0, 999, 1000, 1234567, -2500000, "12345", None)] == [
-        "0", "999", "1,000", "1,234,567", "-2,500,000", "12,345", ""
+    """Integers get separators; text (an id, a key) is shown as it is; nothing at all is "-"."""
+    assert [human(v) for v in (0, 999, 1000, 1234567, -2500000, "12345", None)] == [
+        "0", "999", "1,000", "1,234,567", "-2,500,000", "12345", "-"
     ]
 
 

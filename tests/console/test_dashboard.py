@@ -159,13 +159,19 @@ def test_last_hour_tiles_link_to_exactly_the_events_they_count(superuser, histor
     assert f'href="{links["executed"].replace("&", "&amp;")}"' in html
 
 
+def counts_of(response) -> dict[str, int]:
+    """The status table's counts: status -> payments."""
+    return {status: n for status, n, _ in response.context["counts"]}
+
+
 def test_failed_by_reason_tile_links_to_those_failures(superuser):
     a, b = funded_account(balance=10), funded_account()
     failed = finished_payment(a, b, kind="failed", at=db_now())
     client = admin_client_for(superuser)
     response = client.get(DASHBOARD)
-    [(reason, n, url)] = response.context["failed_by_reason"]
+    [(reason, n, url, said)] = response.context["failed_by_reason"]
     assert (reason, n) == ("insufficient_funds", 1)
+    assert said.startswith("Insufficient funds: ") and said.endswith("(insufficient_funds)")
     assert listed(client, url) == {str(e.pk) for e in PaymentEvent.objects.filter(payment=failed, kind="failed")}
     assert response.context["failed_alert"]  # 1 of 1 failed: above the share that is normal
 
@@ -255,12 +261,12 @@ def test_counts_by_status_are_read_at_most_once_a_minute_and_say_when(superuser)
     due_payment(source=source, target=target, amount=1, seconds_ago=-600)
     client = admin_client_for(superuser)
     first = client.get(DASHBOARD)
-    assert dict(first.context["counts"])[PaymentStatus.SCHEDULED] == 1
-    assert "Counted at" in first.content.decode()
+    assert counts_of(first)[PaymentStatus.SCHEDULED] == 1
+    assert "counted at" in first.content.decode()
     due_payment(source=source, target=target, amount=1, seconds_ago=-600)
-    assert dict(client.get(DASHBOARD).context["counts"])[PaymentStatus.SCHEDULED] == 1  # the minute's reading
+    assert counts_of(client.get(DASHBOARD))[PaymentStatus.SCHEDULED] == 1  # the minute's reading
     cache.clear()
-    assert dict(client.get(DASHBOARD).context["counts"])[PaymentStatus.SCHEDULED] == 2
+    assert counts_of(client.get(DASHBOARD))[PaymentStatus.SCHEDULED] == 2
 
 
 # --- the Processes panel (issue 36, point 2) ------------------------------------------------

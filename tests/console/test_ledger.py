@@ -308,14 +308,14 @@ def test_deposit_above_the_threshold_is_requested_and_the_account_links_it(treas
     assert (request.status, request.amount, request.requested_by, request.reason) == (
         "pending", 5_000, treasurer, "series A"
     )
-    assert messages_of(response)[0].startswith("5000 is above the approval threshold (1000): requested as")
+    assert messages_of(response)[0].startswith("5,000 is above the approval threshold (1,000): requested as")
     assert balance_of(account) == 0
     html = response.content.decode()  # back on the account page
     assert "Deposit requests (1 pending)" in html
     pending = client.get(f"{REQUESTS}?account__exact={account.pk}&status__exact=pending")
     assert [r.pk for r in listed(pending)] == [request.pk]
     again = client.post(form_url, {"amount": "5000", "reason": "series A"}, follow=True)
-    assert messages_of(again)[0].startswith("This deposit form was already submitted: a deposit of 5000")
+    assert messages_of(again)[0].startswith("This deposit form was already submitted: a deposit of 5,000")
     assert DepositRequest.objects.count() == 1
 
 

@@ -88,7 +88,7 @@ def test_the_payment_page_puts_what_happened_first(superuser, people, payments):
     first = response.context["adminform"].fieldsets[0]
     assert first[0] == "What happened"
     assert first[1]["fields"][:2] == ("status_col", "amount_col")
-    assert {"failure_reason", "review_reason", "next_attempt_at_detail", "executed_at_detail"} <= set(
+    assert {"failure_reason_detail", "review_reason_detail", "next_attempt_at_detail", "executed_at_detail"} <= set(
         first[1]["fields"]
     )
     assert '<span class="dp-badge dp-blue">SCHEDULED</span>' in html

@@ -145,7 +145,7 @@ def test_back_and_submit_again_deposits_once(live_server, browser_settings, tmp_
         page.fill("#id_amount", "2500")
         page.fill("#id_reason", "opening balance")
         page.get_by_role("button", name="Deposit").click()
-        expect(page.locator(".messagelist .success")).to_contain_text("Deposited 2500")
+        expect(page.locator(".messagelist .success")).to_contain_text("Deposited 2,500")
 
         page.go_back()  # the browser's Back: to the form's page
         assert page.url == form_url
@@ -154,7 +154,7 @@ def test_back_and_submit_again_deposits_once(live_server, browser_settings, tmp_
             submit.click()
             expect(page.locator(".messagelist .warning")).to_contain_text("already submitted")
         else:  # fetched again: the page says what the form did
-            expect(page.locator("#dp-deposit-submitted")).to_contain_text("2500 was deposited")
+            expect(page.locator("#dp-deposit-submitted")).to_contain_text("2,500 was deposited")
         page.reload()
         expect(page.locator("#dp-deposit-submitted")).to_contain_text("already submitted")
         screenshot(page, "deposit-back")
@@ -331,3 +331,144 @@ def test_back_after_a_list_action_shows_the_confirmation_page_again_not_a_resubm
         expect(page.locator('input[name="_cancel"]')).to_be_disabled()
     payment.refresh_from_db()
     assert payment.status == PaymentStatus.CANCELLED
+
+
+# --- issue 36, points 8 and 9: finding the customer, layout and formats -------------------------
+
+
+def overflow(page) -> dict[str, int]:
+    """How far the page, and the changelist's own scrolling box (Django's ``.results``,
+    overflow-x: auto), are wider than what shows: more than 0 is a horizontal scroll bar."""
+    return page.evaluate("""() => {
+        const doc = document.documentElement, results = document.querySelector('.results');
+        return {page: Math.max(doc.scrollWidth, document.body.scrollWidth) - window.innerWidth,
+                results: results ? results.scrollWidth - results.clientWidth : 0,
+                table: Math.round(document.querySelector('#result_list').getBoundingClientRect().right)};
+    }""")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_payments_list_fits_a_1440_pixel_window(live_server, browser_settings):
+    """At 1440x900 the payments list once scrolled sideways: long names, two timestamps and
+    a failure reason in a row. It must fit, filters included."""
+    from payments.promoter import claim_due
+    from payments.worker import run_batch
+    from tests.factories import due_payment
+
+    staff = UserFactory(is_staff=True, is_superuser=True, username="operations-lead-with-a-long-name")
+    owner = UserFactory(username="customer-with-a-rather-long-username-2026")
+    poor = funded_account(owner=owner, balance=5, name="Family holiday fund for the summer of 2026")
+    target = funded_account(name="Landlord's rent account, flat 4B, Rue de la République")
+    due_payment(source=poor, target=target, amount=1_234_567)
+    run_batch(claim_due(batch=10, lease_seconds=60).fresh, worker="test")
+    for minutes in (30, 40):
+        future_payment(source=poor, target=target, minutes=minutes)
+
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        page.goto(reverse("admin:payments_scheduledpayment_changelist"))
+        expect(page.locator("#result_list tbody tr")).to_have_count(3)
+        expect(page.locator("#result_list")).to_contain_text("Insufficient funds")
+        screenshot(page, "changelist")
+        measured = overflow(page)
+    assert measured["page"] <= 0 and measured["results"] <= 0 and measured["table"] <= 1440, measured
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_id_pasted_into_the_header_search_opens_its_page(live_server, browser_settings):
+    """From any console page: paste an id into the header's search box, press Enter, land on
+    its page; a garbage search says nothing matched, on a page (issue 36, point 8)."""
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    source, target = funded_account(balance=100, name="Holiday fund"), funded_account()
+    payment = future_payment(source=source, target=target, minutes=30)
+
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        page.goto(reverse("admin:ledger_transfer_changelist"))
+        box = page.locator("#dp-global-search input[name=q]")
+        box.fill(f" {payment.pk} ")
+        box.press("Enter")
+        page.wait_for_url(f"**/{payment.pk}/change/")
+        expect(page.locator(".dp-badge").first).to_have_text("SCHEDULED")
+
+        page.locator("#dp-global-search input[name=q]").fill(source.owner.username)
+        page.locator("#dp-global-search input[name=q]").press("Enter")
+        page.wait_for_url("**/auth/user/*/change/")
+
+        page.goto("/admin/")
+        page.fill("#dp-front-search-q", "no such thing at all")
+        page.locator("#dp-front-search input[type=submit]").click()
+        expect(page.locator("#dp-search-nothing")).to_contain_text("Nothing you may see matches")
+        screenshot(page, "search-nothing")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_accounts_list_finds_the_customer_by_account_name(live_server, browser_settings):
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    wanted = funded_account(name="Our holiday fund")
+    funded_account(name="fund for the holiday")
+    funded_account(name="Rent")
+
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        page.goto(reverse("admin:ledger_account_changelist"))
+        page.fill("#searchbar", "holiday fund")
+        page.locator("#changelist-search input[type=submit]").click()
+        rows = page.locator("#result_list tbody tr")
+        expect(rows).to_have_count(1)
+        expect(rows.first).to_contain_text(wanted.pk)
+        expect(rows.first).to_contain_text("Our holiday fund")
+        screenshot(page, "accounts-search")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_formatted_values_are_what_staff_read(live_server, browser_settings, settings):
+    """Thousands separators on the limits page, a rule in words, a user's name where an id
+    was, a failure reason as a sentence with its code, times without microseconds."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.models import DepositRequest
+    from payments.promoter import claim_due
+    from payments.worker import run_batch
+    from recurring.services import recurring_create
+    from tests.factories import due_payment
+
+    settings.DELAYPAY_MAX_DAILY_OUTFLOW_PER_USER = 1_000_000_000_000_000
+    staff = UserFactory(is_staff=True, is_superuser=True)
+    alice = UserFactory(username="alice")
+    poor, target = funded_account(owner=alice, balance=5, name="Holiday fund"), funded_account()
+    failed = due_payment(source=poor, target=target, amount=2_500)
+    run_batch(claim_due(batch=10, lease_seconds=60).fresh, worker="test")
+    rec = recurring_create(payer=alice, from_account_id=poor.id, to_account_id=target.id, amount=1,
+                           start_at=timezone.now() + timedelta(hours=1), interval="PT1M")
+    request = DepositRequest.objects.create(account=poor, beneficiary=alice, amount=5_000, reason="top up",
+                                            requested_by=staff)
+
+    with chromium_page(live_server.url) as page:
+        log_in(page, staff)
+        page.goto(reverse("admin-limits"))
+        expect(page.locator("#dp-caps")).to_contain_text("1,000,000,000,000,000")
+        screenshot(page, "limits")
+
+        page.goto(reverse("admin:payments_recurringpayment_change", args=[rec.pk]))
+        expect(page.locator("#content")).to_contain_text("every 1 minute")
+
+        page.goto(reverse("admin:payments_scheduledpayment_change", args=[quote(failed.pk)]))
+        content = page.locator("#content")
+        expect(content).to_contain_text("Insufficient funds: the sender's balance was below the amount "
+                                        "(insufficient_funds)")
+        expect(content).to_contain_text("2,500")
+        text = content.inner_text()
+
+        page.goto(reverse("admin:ledger_depositrequest_changelist"))
+        row = page.locator("#result_list tbody tr", has_text=request.pk)
+        expect(row).to_contain_text("Holiday fund")
+        expect(row).to_contain_text("alice")
+        expect(row).to_contain_text("5,000")
+        screenshot(page, "deposit-requests")
+
+    import re
+
+    assert not re.search(r"\d{2}:\d{2}:\d{2}\.\d", text), "a time with fractions of a second"
