@@ -27,8 +27,11 @@ an empty claim, never an early one.
 
 The beat's ticks stay what they were: recurring generation, retries, expired leases, the
 backlog of a burst (in due order, fair by sender), the heartbeat. The releaser only takes
-the rows that fall due now, so during a burst the payments due after it are not queued
-behind its whole backlog (docs/decisions/0018-release-at-the-instant.md).
+the rows that fall due now: a claim that comes back a whole batch is a burst at that
+instant, and the releaser leaves the rest of what was due then to the ticks and goes on
+with what falls due after it. So one sender's burst is drained fairly, and the payments
+due after a burst are not queued behind its whole backlog
+(docs/decisions/0019-release-at-the-instant.md).
 
 One promoter releases at a time: the fleet-wide advisory lock ``RELEASE_LOCK_KEY`` (the
 others keep trying once a tick and take over within a tick when its holder dies). The
@@ -82,12 +85,13 @@ class Round:
 
     def wake_after(self, *, poll: float) -> float:
         """Seconds from the round's instant (its now()) to the next due instant, at most ``poll``."""
-        if self.full:
-            return 0.0
         upcoming = [t for t in (self.next_due, self.next_payout_due) if t is not None]
         if not upcoming or self.database_now is None:
             return poll
         return min(poll, max(0.0, (min(upcoming) - self.database_now).total_seconds()) + WAKE_MARGIN_SECONDS)
+
+
+NEVER = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
 
 
 def release_round(
@@ -97,13 +101,15 @@ def release_round(
     horizon_seconds: float,
     payouts_due: bool,
     degraded: bool,
+    after: datetime = NEVER,
     publish: Callable = promoter.publish_messages,
     publish_payouts: Callable = promoter.publish_payouts,
     execute_in_process: Callable = promoter.execute_in_process,
 ) -> Round:
     """One round: the payouts whose instant came (``payouts_due``, from the last round's
     look-ahead), the release claim and the look-ahead in one transaction, then the
-    publish (or, ``degraded`` or when it fails, the execution here)."""
+    publish (or, ``degraded`` or when it fails, the execution here). ``after``: claim
+    only rows due after it (the instant of the last claim that came back a whole batch)."""
     result = Round()
     if payouts_due and not degraded:
         tick = promoter.TickResult()
@@ -115,7 +121,7 @@ def release_round(
     with transaction.atomic(), connection.cursor() as cur:
         claim.add_rows(promoter._claim_rows(cur, sql.CLAIM_RELEASE, {
             **promoter.claim_params(batch=batch, lease_seconds=lease_seconds, actor="promoter"),
-            "window": RELEASE_WINDOW_SECONDS,
+            "window": RELEASE_WINDOW_SECONDS, "after": after,
         }))
         cur.execute(sql.RELEASE_NEXT_DUE, {"horizon": horizon_seconds, "rails": list(RAIL_NAMES)})
         result.database_now, result.next_due, result.next_payout_due = cur.fetchone()
@@ -151,6 +157,7 @@ class Releaser:
         self.lock = AdvisoryLock(RELEASE_LOCK_KEY)
         self.releasing = False
         self._payouts_due = False
+        self._after = NEVER
         self._broker_down_until = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -179,13 +186,18 @@ class Releaser:
             degraded = began < self._broker_down_until
             result = release_round(
                 batch=self.batch, lease_seconds=self.lease_seconds, horizon_seconds=self.period_seconds,
-                payouts_due=self._payouts_due, degraded=degraded,
+                payouts_due=self._payouts_due, degraded=degraded, after=self._after,
             )
+            if result.full:
+                # A burst at the instant: one batch of it leaves now, the rest is the ticks'
+                # backlog, claimed fairly by sender (DELAYPAY_CLAIM_PER_SENDER); the releaser
+                # goes on with what falls due after it.
+                self._after = result.database_now
             rounds += 1
             if result.executed_in_process and not degraded:
                 self._broker_down_until = self._clock() + BROKER_DOWN_SECONDS
             metrics.record_release(result)
-            wait = 0.0 if result.full else max(self.slot_seconds, result.wake_after(poll=self.poll_seconds))
+            wait = max(self.slot_seconds, result.wake_after(poll=self.poll_seconds))
             # The payouts' instant comes by the next round (the round's now() is about `began`).
             self._payouts_due = result.next_payout_due is not None and (
                 result.next_payout_due <= result.database_now + timedelta(seconds=wait)

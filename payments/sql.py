@@ -292,12 +292,15 @@ CLAIM_DUE_FAIR_SHARD = _sharded(_CLAIM_DUE_FAIR_WRITES, sharded=True)
 CLAIM_PAYOUTS_DUE = _claim_for(rail="rail = %(rail)s", fresh_rail="rail <> '' AND rail = %(rail)s")
 
 # The releaser's claim (payments/release.py): the internal rows that fell due within the
-# last %(window)s seconds, in due order, nothing else. Older rows are the beat ticks'
+# last %(window)s seconds and after %(after)s (the instant of its last claim that came back
+# a whole batch: what was due then is a burst, the ticks' to claim fairly), in due order,
+# nothing else. Older rows are the beat ticks'
 # backlog (a burst, an outage's leftovers), as are retries and expired leases: the ticks
 # claim them, the releaser keeps the rows that fall due now on time beside them. The same
 # claim write as every claim (attempt + 1, lease, audit event): a release is a claim.
 CLAIM_RELEASE = _claim_for(
-    rail="false", fresh_rail="rail = '' AND execute_at > now() - make_interval(secs => %(window)s)",
+    rail="false",
+    fresh_rail="rail = '' AND execute_at > greatest(now() - make_interval(secs => %(window)s), %(after)s)",
 )
 
 # In the release claim's transaction, after it: the database's now() (the claim's instant)

@@ -199,3 +199,55 @@ def test_the_beat_ticks_each_shard_once_a_second_and_drops_a_tick_older_than_tha
         assert entry["options"]["expires"] == 1.0
     assert settings.DELAYPAY_RELEASE_ENABLED
     assert (settings.DELAYPAY_RELEASE_SLOT_SECONDS, settings.DELAYPAY_RELEASE_POLL_SECONDS) == (0.01, 0.05)
+
+
+def test_a_burst_at_one_instant_leaves_one_batch_and_the_rest_to_the_fair_ticks():
+    """A claim that comes back a whole batch is a burst: the releaser takes that batch and
+    leaves what else was due then to the ticks (which claim fairly by sender), then goes on
+    with what falls due after it."""
+    alice, bob = funded_account(balance=1000), funded_account()
+    offsets = [0.4] * 30 + [0.7, 0.75, 0.8]
+    payments = due_spread(alice, bob, offsets)
+    burst, later = payments[:30], payments[30:]
+    now = burst[0].execute_at - timedelta(seconds=0.4)
+    published = Published()
+    r = releaser(batch=10)
+    original = release.release_round
+
+    def with_stub(**kwargs):
+        return original(**{**kwargs, "publish": published})
+
+    release.release_round = with_stub
+    try:
+        r.start()
+        wait_until_database_time(now + timedelta(seconds=1.8))
+    finally:
+        r.stop()
+        release.release_round = original
+    rows = claimed_rows([p.id for p in payments])
+    assert sum(rows[p.id].status == PaymentStatus.EXECUTING for p in burst) == 10
+    assert {rows[p.id].status for p in later} == {PaymentStatus.EXECUTING}
+
+
+def test_one_promoter_releases_at_a_time_and_another_takes_over_when_it_stops():
+    first, second = releaser(), releaser()
+    first.start()
+    try:
+        assert wait_for(lambda: first.releasing, 5), "the first releaser never took the lock"
+        second.start()
+        time.sleep(2.5)  # more than two periods: the second tried and was refused
+        assert (first.releasing, second.releasing) == (True, False)
+        first.stop()
+        assert wait_for(lambda: second.releasing, 5), "the second releaser did not take over"
+    finally:
+        first.stop()
+        second.stop()
+
+
+def wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return condition()
