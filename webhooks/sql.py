@@ -2,8 +2,9 @@
 
 The outbox triggers that fill webhooks_event live in migration 0002 (they are schema).
 The statements here are the dispatcher's: fan-out, the watch between ticks, claim,
-record; and the readings of the metrics. Each claim is one statement with ``SKIP LOCKED`` (as the promoter's), so
-concurrent dispatchers take disjoint rows and never wait on each other.
+record; and the readings of the metrics. Each claim is one statement with ``SKIP
+LOCKED`` (as the promoter's), so concurrent dispatchers take disjoint rows and never wait
+on each other.
 """
 
 # ======================================================================================

@@ -8,8 +8,9 @@ from . import dispatcher
 
 
 def worker_stopping() -> bool:
-    """Whether this worker was told to shut down (Celery's warm or cold shutdown)."""
-    return state.should_stop not in (None, False) or state.should_terminate not in (None, False)
+    """Whether this worker was told to shut down (Celery's warm or cold shutdown). Compared
+    by identity as Celery does: a warm shutdown sets ``should_stop`` to exit code 0."""
+    return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
 
 
 @shared_task(name="webhooks.tasks.dispatch", ignore_result=True, acks_late=False)

@@ -499,3 +499,18 @@ def test_the_watch_is_off_with_a_poll_of_zero_and_ends_when_the_worker_stops(set
     settings.DELAYPAY_WEBHOOK_POLL_SECONDS = 0.05
     assert not dispatcher.dispatch(watch_seconds=30, stopping=lambda: True).busy
     assert time.monotonic() - started < 5  # neither waited for its 30 s
+
+
+@pytest.mark.parametrize(
+    ("should_stop", "should_terminate", "stopping"),
+    [(None, None, False), (False, None, False), (0, None, True), (1, None, True), (None, True, True)],
+)
+def test_the_task_stops_watching_on_a_warm_or_cold_shutdown(monkeypatch, should_stop, should_terminate, stopping):
+    # A warm shutdown sets should_stop to exit code 0: falsy, yet a shutdown.
+    from celery.worker import state
+
+    from webhooks.tasks import worker_stopping
+
+    monkeypatch.setattr(state, "should_stop", should_stop)
+    monkeypatch.setattr(state, "should_terminate", should_terminate)
+    assert worker_stopping() is stopping
