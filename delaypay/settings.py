@@ -575,8 +575,9 @@ DELAYPAY_FALLBACK_BATCHES_PER_TICK = env.int("DELAYPAY_FALLBACK_BATCHES_PER_TICK
 # only for the hosts listed here (or when DEBUG); HTTP timeout per try; an endpoint failing
 # for DISABLE_AFTER_DAYS without a success is disabled. Each dispatch claims FANOUT_BATCH
 # events and DELIVERY_BATCH due deliveries (leased for LEASE_SECONDS, delivered by
-# DELIVERY_THREADS at once) and goes on for BUDGET_SECONDS while work remains. The ladder
-# is the wait before retry 1, 2, ... (2.9 days in all), each +-20 % jitter.
+# DELIVERY_THREADS at once) and goes on for BUDGET_SECONDS while work remains; when none
+# does, it looks again every POLL_SECONDS until beat's next tick (0: not at all; decision
+# 0018). The ladder is the wait before retry 1, 2, ... (2.9 days in all), each +-20 % jitter.
 DELAYPAY_WEBHOOK_ALLOW_HOSTS = [h.strip().lower() for h in env.list("DELAYPAY_WEBHOOK_ALLOW_HOSTS", default=[])]
 DELAYPAY_WEBHOOK_TIMEOUT_SECONDS = env.float("DELAYPAY_WEBHOOK_TIMEOUT_SECONDS", default=10.0)
 DELAYPAY_WEBHOOK_DISABLE_AFTER_DAYS = env.float("DELAYPAY_WEBHOOK_DISABLE_AFTER_DAYS", default=5.0)
@@ -585,6 +586,9 @@ DELAYPAY_WEBHOOK_DELIVERY_BATCH = env.int("DELAYPAY_WEBHOOK_DELIVERY_BATCH", def
 DELAYPAY_WEBHOOK_DELIVERY_THREADS = env.int("DELAYPAY_WEBHOOK_DELIVERY_THREADS", default=16)
 DELAYPAY_WEBHOOK_LEASE_SECONDS = env.float("DELAYPAY_WEBHOOK_LEASE_SECONDS", default=120.0)
 DELAYPAY_WEBHOOK_BUDGET_SECONDS = env.float("DELAYPAY_WEBHOOK_BUDGET_SECONDS", default=5.0)
+DELAYPAY_WEBHOOK_POLL_SECONDS = env.float("DELAYPAY_WEBHOOK_POLL_SECONDS", default=0.05)
+if not 0 <= DELAYPAY_WEBHOOK_POLL_SECONDS <= 60:
+    raise ImproperlyConfigured("DELAYPAY_WEBHOOK_POLL_SECONDS must be between 0 and 60")
 _WEBHOOK_LADDER = ["5", "300", "1800", "7200", "18000", "36000", "36000", "50400", "50400", "50400"]
 DELAYPAY_WEBHOOK_RETRY_DELAYS = [float(d) for d in env.list("DELAYPAY_WEBHOOK_RETRY_DELAYS", default=_WEBHOOK_LADDER)]
 

@@ -208,6 +208,10 @@ class Handler(BaseHTTPRequestHandler):
 class ReceiverServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # The dispatcher opens up to DELAYPAY_WEBHOOK_DELIVERY_THREADS connections at once (more
+    # while two dispatches overlap): the default listen backlog of 5 made some of them fail
+    # with "Connection reset by peer", a fault of the receiver the bench is not measuring.
+    request_queue_size = 128
 
     def __init__(self, port: int, state: State):
         super().__init__(("127.0.0.1", port), Handler)

@@ -26,6 +26,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -381,16 +382,52 @@ def dispatch_once() -> DispatchResult:
     return result
 
 
-def dispatch(*, budget_seconds: float | None = None) -> DispatchResult:
+def work_waiting() -> bool:
+    """Whether an event waits to be fanned out or a delivery is due: one read, no lock."""
+    with connection.cursor() as cur:
+        cur.execute(sql.WORK_WAITING)
+        return cur.fetchone()[0]
+
+
+def _wait_for_work(*, until: float, poll: float, stopping: Callable[[], bool]) -> bool:
+    """Ask ``work_waiting`` every ``poll`` seconds: True as soon as it says yes, False once
+    the monotonic clock reaches ``until`` or ``stopping()`` says so."""
+    while not stopping():
+        left = until - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(poll, left))
+        if work_waiting():
+            return True
+    return False
+
+
+def dispatch(
+    *, budget_seconds: float | None = None, watch_seconds: float = 0.0, stopping: Callable[[], bool] = lambda: False
+) -> DispatchResult:
     """``dispatch_once`` again while batches come back busy, for at most ``budget_seconds``
-    (the task's body). Concurrent calls take disjoint rows."""
+    (the task's body). Then, until ``watch_seconds`` after the start, look for new work every
+    DELAYPAY_WEBHOOK_POLL_SECONDS and dispatch it as it appears: the task watches from one
+    beat tick to the next, so an event waits for a poll, not for the next tick
+    (docs/decisions/0018-prompt-webhooks.md). Once it has watched, it ends at the watch's
+    end even when busy: the next tick's dispatch goes on, so ticks do not pile up into
+    several dispatches POSTing at once. A poll of 0 turns the watch off; ``stopping()``
+    ends it early (the worker is shutting down). Concurrent calls take disjoint rows."""
     budget = settings.DELAYPAY_WEBHOOK_BUDGET_SECONDS if budget_seconds is None else budget_seconds
-    deadline = time.monotonic() + budget
+    poll = settings.DELAYPAY_WEBHOOK_POLL_SECONDS
+    start = time.monotonic()
+    watch_until = start + (watch_seconds if poll > 0 else 0.0)
+    deadline = start + budget
     total = DispatchResult()
     while True:
         once = dispatch_once()
         for name in ("fanned_out", "deliveries_created", "claimed", "succeeded", "retrying", "failed", "released"):
             setattr(total, name, getattr(total, name) + getattr(once, name))
         total.disabled_endpoints += once.disabled_endpoints
-        if not once.busy or time.monotonic() >= deadline:
+        if once.busy:
+            if time.monotonic() >= deadline:
+                return total
+            continue
+        if not _wait_for_work(until=watch_until, poll=poll, stopping=stopping):
             return total
+        deadline = watch_until

@@ -1,9 +1,10 @@
 """Every raw SQL statement of the webhooks app, named.
 
 The outbox triggers that fill webhooks_event live in migration 0002 (they are schema).
-The statements here are the dispatcher's: fan-out, claim, record; and the readings of
-the metrics. Each claim is one statement with ``SKIP LOCKED`` (as the promoter's), so
-concurrent dispatchers take disjoint rows and never wait on each other.
+The statements here are the dispatcher's: fan-out, the watch between ticks, claim,
+record; and the readings of the metrics. Each claim is one statement with ``SKIP
+LOCKED`` (as the promoter's), so concurrent dispatchers take disjoint rows and never wait
+on each other.
 """
 
 # ======================================================================================
@@ -35,6 +36,18 @@ WITH todo AS (
     UPDATE webhooks_event w SET fanned_out_at = now() FROM todo WHERE w.id = todo.id RETURNING 1
 )
 SELECT (SELECT count(*) FROM marked), (SELECT count(*) FROM inserted)
+"""
+
+
+# Whether a dispatch would find work: an event not fanned out, or a pending delivery that
+# is due. Two index probes (webhooks_event_todo_idx, webhooks_delivery_due_idx), no lock,
+# no write: what a dispatch watching between two beat ticks asks every
+# DELAYPAY_WEBHOOK_POLL_SECONDS (docs/decisions/0018-prompt-webhooks.md). Rows another
+# dispatcher holds answer yes too; the dispatch that follows skips them and finds nothing,
+# which costs one round, not a wrong delivery.
+WORK_WAITING = """
+SELECT EXISTS (SELECT 1 FROM webhooks_event WHERE fanned_out_at IS NULL)
+    OR EXISTS (SELECT 1 FROM webhooks_delivery WHERE status = 'pending' AND next_attempt_at <= now())
 """
 
 

@@ -180,6 +180,7 @@ def webhook_lines(hooks: dict | None) -> list[str]:
         f" {_num(hooks.get('backlog_drain_s'), '.1f')} s after the due instant"
         f" ({_num(hooks.get('after_payments_s'), '.1f')} s after the last payment finished)",
         f"  event lateness    {_lat(hooks.get('event_lateness_s'))}  (first 2xx - event created, s)",
+        f"  after execution   {_lat(hooks.get('after_execution_s'))}  (first 2xx - payment executed_at, s)",
     ]
 
 

@@ -6,7 +6,7 @@ the outbox the triggers filled, over loopback HTTP."""
 import contextlib
 import signal
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -223,3 +223,39 @@ def test_worker_and_dispatcher_sigkilled_mid_delivery_lose_no_event(celery_stack
     assert cut_short > 0
     twice = [i for i, entries in summary.by_id.items() if sum(200 <= e["status"] < 300 for e in entries) > 1]
     assert twice, "no delivery cut short by the kill was sent again"
+
+
+# Beat's tick (the promoter's and the webhook dispatcher's) stretched to 8 s: an event that
+# waited for the next tick would arrive about 8 s after its payment executed.
+LONG_TICK_SECONDS = 8
+
+
+@pytest.mark.parametrize(
+    "celery_stack", [{**WEBHOOK_ENV, "DELAYPAY_TICK_SECONDS": str(LONG_TICK_SECONDS)}], indirect=True
+)
+def test_an_executed_payment_is_delivered_well_before_the_next_tick(celery_stack, settings, tmp_path):
+    """The dispatch a tick starts keeps looking for events until the next tick
+    (DELAYPAY_WEBHOOK_POLL_SECONDS, decision 0018): each payment's event reaches the
+    receiver within 2 s of the payment's execution, not at the next tick 8 s on. Two
+    payments a tick apart, so that neither can be the lucky one whose tick came after it."""
+    settings.DELAYPAY_WEBHOOK_ALLOW_HOSTS = ["127.0.0.1"]
+    alice, bob = funded_account(balance=1000), funded_account()
+    with receiver_process(tmp_path) as receiver:
+        subscribe(alice.owner, receiver)
+        start_stack(celery_stack)
+        payments = [schedule(alice, bob, 10, 1), schedule(alice, bob, 20, 1 + LONG_TICK_SECONDS)]
+        ids = [p.id for p in payments]
+        wait_until(lambda: drained(ids, receiver), timeout=90, stack=celery_stack, what="both events delivered")
+        summary = receiver.summary()
+
+    executed_at = dict(ScheduledPayment.objects.filter(pk__in=ids).values_list("id", "executed_at"))
+    assert set(executed_at) == set(ids) and all(executed_at.values())
+    assert summary.all_verified
+    after_execution = {}
+    for entries in summary.by_id.values():
+        first = next(e for e in entries if 200 <= e["status"] < 300)
+        payment_id = first["payment_id"]
+        received = datetime.fromtimestamp(first["received_at"], UTC)
+        after_execution[payment_id] = (received - executed_at[payment_id]).total_seconds()
+    assert set(after_execution) == set(ids)
+    assert all(0 <= s < 2.0 for s in after_execution.values()), after_execution

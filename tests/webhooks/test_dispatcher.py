@@ -442,3 +442,75 @@ def test_a_delivery_never_logs_the_receivers_url(receiver, caplog):
     assert len(receiver.requests) == 1
     assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING
     assert "s3cret-of-the-owner" not in caplog.text
+
+
+# --- the watch between ticks (docs/decisions/0018-prompt-webhooks.md) -------------------
+
+
+@pytest.mark.django_db
+def test_work_waiting_sees_an_event_and_a_due_delivery_but_not_a_leased_one(receiver):
+    payment = executed_payment()
+    endpoint_for(payment.payer, receiver.url)
+    assert dispatcher.work_waiting()  # the event, not fanned out
+    assert fan_out() == (1, 1)
+    assert dispatcher.work_waiting()  # its delivery, due at once
+    (claim,) = claim_deliveries()
+    assert not dispatcher.work_waiting()  # leased: due again only when the lease ends
+    make_due(Delivery.objects.get(pk=claim.id))
+    assert dispatcher.work_waiting()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_watching_dispatch_delivers_an_event_committed_after_it_went_idle(receiver, settings):
+    """Nothing to do when the dispatch starts; a payment executes while it watches, and its
+    event reaches the receiver within a few polls of the commit, before the watch ends."""
+    import threading
+
+    from tests.concurrency import start_thread
+
+    settings.DELAYPAY_WEBHOOK_POLL_SECONDS = 0.05
+    arrived = threading.Event()
+
+    def answer(request):
+        arrived.set()
+        return 204, b"", {}
+
+    receiver.answer = answer
+    a, b = funded_account(balance=100), funded_account()
+    endpoint_for(a.owner, receiver.url)
+    payment = due_payment(source=a, target=b, amount=5)
+    watching = threading.Event()
+    join = start_thread(lambda: dispatcher.dispatch(watch_seconds=5, stopping=lambda: watching.set() or False))
+    assert watching.wait(timeout=10)  # the first round found nothing: the dispatch is watching
+    assert execute_batch(pairs=claimed(payment)).executed == [payment.id]
+    committed = time.monotonic()
+    assert arrived.wait(timeout=4)
+    assert time.monotonic() - committed < 1.0
+    result = join()
+    assert (result.fanned_out, result.succeeded) == (1, 1)
+    assert Delivery.objects.get().status == "succeeded"
+
+
+@pytest.mark.django_db
+def test_the_watch_is_off_with_a_poll_of_zero_and_ends_when_the_worker_stops(settings):
+    settings.DELAYPAY_WEBHOOK_POLL_SECONDS = 0
+    started = time.monotonic()
+    assert not dispatcher.dispatch(watch_seconds=30).busy
+    settings.DELAYPAY_WEBHOOK_POLL_SECONDS = 0.05
+    assert not dispatcher.dispatch(watch_seconds=30, stopping=lambda: True).busy
+    assert time.monotonic() - started < 5  # neither waited for its 30 s
+
+
+@pytest.mark.parametrize(
+    ("should_stop", "should_terminate", "stopping"),
+    [(None, None, False), (False, None, False), (0, None, True), (1, None, True), (None, True, True)],
+)
+def test_the_task_stops_watching_on_a_warm_or_cold_shutdown(monkeypatch, should_stop, should_terminate, stopping):
+    # A warm shutdown sets should_stop to exit code 0: falsy, yet a shutdown.
+    from celery.worker import state
+
+    from webhooks.tasks import worker_stopping
+
+    monkeypatch.setattr(state, "should_stop", should_stop)
+    monkeypatch.setattr(state, "should_terminate", should_terminate)
+    assert worker_stopping() is stopping
