@@ -18,7 +18,7 @@ delaypay/celery.py) that closes that gap without changing what a claim is:
   ``DELAYPAY_RELEASE_POLL_SECONDS`` (a payment created already due, or due sooner than
   anything seen, waits no longer than that);
 * payouts due at the instant are claimed as the tick claims them (promoter.payouts_tick:
-  within their rail's breaker and pacing).
+  within their rail's breaker and pacing), at most once every ``PAYOUT_SLOT_SECONDS``.
 
 Nothing leaves early: a row is claimed only by a statement whose ``now()`` is at or past
 its ``execute_at``, so ``executed_at >= execute_at`` and a cancel committed before the due
@@ -27,10 +27,12 @@ an empty claim, never an early one.
 
 The beat's ticks stay what they were: recurring generation, retries, expired leases, the
 backlog of a burst (in due order, fair by sender), the heartbeat. The releaser only takes
-the rows that fall due now: a claim that comes back a whole batch is a burst at that
-instant, and the releaser leaves the rest of what was due then to the ticks and goes on
-with what falls due after it. So one sender's burst is drained fairly, and the payments
-due after a burst are not queued behind its whole backlog
+the rows that fall due now. A claim that comes back a whole batch is a burst at that
+instant: of many senders, the releaser claims on beside the ticks while the burst is in
+its window; of one sender (more than DELAYPAY_CLAIM_PER_SENDER of the batch), it leaves
+the rest of what was due then to the ticks' fair claim and goes on with what falls due
+after it. So one sender's burst is drained fairly, and the payments due after a burst
+are not claimed behind its whole backlog
 (docs/decisions/0019-release-at-the-instant.md).
 
 One promoter releases at a time: the fleet-wide advisory lock ``RELEASE_LOCK_KEY`` (the
@@ -49,6 +51,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection, connections, transaction
 
+from common.db import bound_cursor
 from rails.base import RAIL_NAMES
 
 from . import metrics, promoter, sql
@@ -68,6 +71,10 @@ RELEASE_WINDOW_SECONDS = 0.5
 WAKE_MARGIN_SECONDS = 0.001
 # How long the releaser executes in-process, without trying Redis, after a publish failed.
 BROKER_DOWN_SECONDS = 5.0
+# Payouts leave at most this often: a payout message costs its executor a reserve, a rail
+# round and a settle whatever it holds (36 ms for two payouts), so one message a slot of
+# 10 ms at 100 payouts a second queued them seconds deep; ten a second keep up.
+PAYOUT_SLOT_SECONDS = 0.1
 
 
 @dataclass
@@ -78,6 +85,7 @@ class Round:
     payouts: int = 0
     executed_in_process: int = 0
     full: bool = False  # the claim came back a whole batch: more is due at once
+    hot_sender: bool = False  # one sender had more than its fair share (DELAYPAY_CLAIM_PER_SENDER) of it
     database_now: datetime | None = None
     next_due: datetime | None = None  # internal
     next_payout_due: datetime | None = None
@@ -118,15 +126,21 @@ def release_round(
         result.payouts = tick.payouts
         result.dispatch_lateness += tick.dispatch_lateness
     claim = promoter.Claim()
-    with transaction.atomic(), connection.cursor() as cur:
+    # The look-ahead is prepared on the server (common.db.bound_cursor): it runs every round,
+    # up to a hundred times a second, and its plan over the schedule's partitions never
+    # changes. The claim is planned each time, as the ticks' claims are: its plan depends
+    # on how many rows are due (a burst, or a few), which a generic plan cannot know.
+    with transaction.atomic(), connection.cursor() as cur, bound_cursor() as prepared:
         claim.add_rows(promoter._claim_rows(cur, sql.CLAIM_RELEASE, {
             **promoter.claim_params(batch=batch, lease_seconds=lease_seconds, actor="promoter"),
             "window": RELEASE_WINDOW_SECONDS, "after": after,
         }))
-        cur.execute(sql.RELEASE_NEXT_DUE, {"horizon": horizon_seconds, "rails": list(RAIL_NAMES)})
-        result.database_now, result.next_due, result.next_payout_due = cur.fetchone()
+        prepared.execute(sql.RELEASE_NEXT_DUE, {"horizon": horizon_seconds, "rails": list(RAIL_NAMES)})
+        result.database_now, result.next_due, result.next_payout_due = prepared.fetchone()
     result.claimed = len(claim)
     result.full = len(claim) >= batch
+    cap = settings.DELAYPAY_CLAIM_PER_SENDER
+    result.hot_sender = bool(cap) and max(claim.fresh_senders.values(), default=0) > cap
     result.dispatch_lateness += claim.dispatch_lateness
     if claim:
         _, result.executed_in_process = promoter.hand_over(
@@ -157,6 +171,7 @@ class Releaser:
         self.lock = AdvisoryLock(RELEASE_LOCK_KEY)
         self.releasing = False
         self._payouts_due = False
+        self._payouts_not_before = 0.0
         self._after = NEVER
         self._broker_down_until = 0.0
         self._stop = threading.Event()
@@ -184,24 +199,31 @@ class Releaser:
         while not self._stop.is_set():
             began = self._clock()
             degraded = began < self._broker_down_until
+            payouts_now = self._payouts_due and began >= self._payouts_not_before
             result = release_round(
                 batch=self.batch, lease_seconds=self.lease_seconds, horizon_seconds=self.period_seconds,
-                payouts_due=self._payouts_due, degraded=degraded, after=self._after,
+                payouts_due=payouts_now, degraded=degraded, after=self._after,
             )
-            if result.full:
-                # A burst at the instant: one batch of it leaves now, the rest is the ticks'
-                # backlog, claimed fairly by sender (DELAYPAY_CLAIM_PER_SENDER); the releaser
-                # goes on with what falls due after it.
+            if payouts_now:
+                self._payouts_due, self._payouts_not_before = False, began + PAYOUT_SLOT_SECONDS
+            if result.full and result.hot_sender:
+                # One sender's burst at the instant: one batch of it leaves now, the rest is
+                # the ticks' backlog, claimed fairly by sender (DELAYPAY_CLAIM_PER_SENDER);
+                # the releaser goes on with what falls due after it.
                 self._after = result.database_now
             rounds += 1
             if result.executed_in_process and not degraded:
                 self._broker_down_until = self._clock() + BROKER_DOWN_SECONDS
             metrics.record_release(result)
-            wait = max(self.slot_seconds, result.wake_after(poll=self.poll_seconds))
-            # The payouts' instant comes by the next round (the round's now() is about `began`).
-            self._payouts_due = result.next_payout_due is not None and (
+            # A burst of many senders: claimed again at once, beside the ticks, while it is
+            # within the window (no sender is held behind another's rows).
+            wait = 0.0 if result.full and not result.hot_sender else max(
+                self.slot_seconds, result.wake_after(poll=self.poll_seconds))
+            # The payouts' instant comes by the next round (the round's now() is about `began`);
+            # once due they stay due until a round claims them, at most once a payout slot.
+            self._payouts_due = self._payouts_due or (result.next_payout_due is not None and (
                 result.next_payout_due <= result.database_now + timedelta(seconds=wait)
-            )
+            ))
             self._stop.wait(max(0.0, began + wait - self._clock()))
             if began + wait >= end:
                 return rounds  # the next period starts at once, with the lock checked

@@ -17,10 +17,12 @@ none of the roles.
 
 import io
 import json
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import date, timedelta
+from html import unescape
 from types import SimpleNamespace
 
 import pytest
@@ -715,6 +717,65 @@ def test_admin_changelist_needs_the_view_permission(world, label, role):
     view = f"{opts.app_label}.{get_permission_codename('view', opts)}"
     response = admin_client(world).get(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
     assert_outcome(response, Admin((view,)).expected(world.caller), role)
+
+
+# --- A walkthrough of the console by each staff role (issue 36) -----------------------------
+#
+# Every page a staff role reaches from the front page: the index, the dashboard, the search,
+# each registered model's list and its first row's page. None answers 5xx; a refusal is the
+# console's own 403 page (its header, the missing permission); and no page shows a value
+# staff should not have to decode: a time with microseconds, an ISO 8601 duration, a bare
+# number of five digits or more, a user's id where their name belongs.
+
+RAW_VALUES = {
+    "a time with microseconds": re.compile(r"\d{2}:\d{2}:\d{2}\.\d{3,6}"),
+    "an ISO 8601 duration": re.compile(r"(?<![\w-])P(?:T\d+[HMS]|\d+[DWY])(?![\w-])"),
+    "a number without thousands separators": re.compile(r"(?<![\w.,:/-])\d{5,}(?![\w.,:/-])"),
+    "a user's id where their name belongs": re.compile(r"\bby \d+\b"),
+}
+STAFF_ROLES = [r for r in ROLES if r not in ("anonymous", "user")]
+
+
+def visible_text(html: str) -> str:
+    """What a person reads: no script, style, tags or attribute values; entities decoded."""
+    html = re.sub(r"(?is)<(script|style|textarea)\b.*?</\1>", " ", html)
+    return unescape(re.sub(r"(?s)<[^>]+>", " ", html))
+
+
+def console_pages(world: World) -> list[str]:
+    pages = [reverse("admin:index"), reverse("admin-dashboard"), reverse("admin-search") + f"?q={world.payment.pk}"]
+    for model in admin.site._registry:
+        opts = model._meta
+        pages.append(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
+        row = model._default_manager.order_by("pk").first()
+        if row is not None:
+            pages.append(reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[quote(row.pk)]))
+    return pages
+
+
+@pytest.mark.console
+@pytest.mark.parametrize("role", STAFF_ROLES)
+def test_a_walkthrough_of_the_console_finds_no_error_and_no_raw_value(world, role):
+    as_role(world, role)
+    client = admin_client(world)
+    found = []
+    for url in console_pages(world):
+        response = client.get(url)
+        if response.status_code in (301, 302, 303):
+            continue
+        if response.status_code == 403:
+            body = response.content.decode()
+            if 'class="dp-refused"' not in body or 'id="dp-missing-permission"' not in body:
+                found.append(f"{url}: a bare 403")
+            continue
+        if response.status_code != 200:
+            found.append(f"{url}: {response.status_code}")
+            continue
+        text = visible_text(response.content.decode())
+        for what, pattern in RAW_VALUES.items():
+            for match in pattern.finditer(text):
+                found.append(f"{url}: {what}: ...{text[max(0, match.start() - 40):match.end() + 20].strip()}...")
+    assert not found, "\n".join(found)
 
 
 # --- Who benefits: the caller as the beneficiary or the creator (issue 33) -------------------

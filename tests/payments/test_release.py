@@ -201,10 +201,11 @@ def test_the_beat_ticks_each_shard_once_a_second_and_drops_a_tick_older_than_tha
     assert (settings.DELAYPAY_RELEASE_SLOT_SECONDS, settings.DELAYPAY_RELEASE_POLL_SECONDS) == (0.01, 0.05)
 
 
-def test_a_burst_at_one_instant_leaves_one_batch_and_the_rest_to_the_fair_ticks():
-    """A claim that comes back a whole batch is a burst: the releaser takes that batch and
-    leaves what else was due then to the ticks (which claim fairly by sender), then goes on
-    with what falls due after it."""
+def test_one_senders_burst_at_one_instant_leaves_one_batch_and_the_rest_to_the_fair_ticks(settings):
+    """A claim that comes back a whole batch, most of it one sender's, is that sender's
+    burst: the releaser takes that batch and leaves what else was due then to the ticks
+    (which claim fairly by sender), then goes on with what falls due after it."""
+    settings.DELAYPAY_CLAIM_PER_SENDER = 5
     alice, bob = funded_account(balance=1000), funded_account()
     offsets = [0.4] * 30 + [0.7, 0.75, 0.8]
     payments = due_spread(alice, bob, offsets)
@@ -251,3 +252,30 @@ def wait_for(condition, seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return condition()
+
+
+def test_a_burst_of_many_senders_is_claimed_on_beside_the_ticks(settings):
+    settings.DELAYPAY_CLAIM_PER_SENDER = 5
+    target = funded_account()
+    payers = [funded_account(balance=10) for _ in range(30)]
+    payments = [due_in(payer, target, 60) for payer in payers]
+    with connection.cursor() as cur:
+        cur.execute("UPDATE payments_scheduledpayment SET execute_at = now() + interval '0.4 seconds'"
+                    " WHERE id = ANY(%s) RETURNING execute_at", [[p.id for p in payments]])
+        burst_at = cur.fetchone()[0]
+    published = Published()
+    r = releaser(batch=10)
+    original = release.release_round
+
+    def with_stub(**kwargs):
+        return original(**{**kwargs, "publish": published})
+
+    release.release_round = with_stub
+    try:
+        r.start()
+        wait_until_database_time(burst_at + timedelta(seconds=0.3))
+    finally:
+        r.stop()
+        release.release_round = original
+    rows = claimed_rows([p.id for p in payments])
+    assert {row.status for row in rows.values()} == {PaymentStatus.EXECUTING}
