@@ -598,3 +598,25 @@ class GivenValueFilter(admin.SimpleListFilter):
 
     def has_output(self) -> bool:
         return bool(self.value())
+
+
+def name_login_records_in_plain_times() -> None:
+    """django-axes names its login records with the raw datetime ("Attempted Access:
+    2026-12-05 03:25:49.402722+00:00"), which the console shows as their pages' titles
+    and breadcrumbs. The same names, with the time as every console page writes it
+    (common.formats.human: to the second, UTC)."""
+    from axes.models import AccessAttempt, AccessFailureLog, AccessLog
+
+    from common.formats import human
+
+    def attempt(self):
+        return f"Attempted access: {human(self.attempt_time)}"
+
+    def failure(self):
+        locked_out = " locked out" if self.locked_out else ""
+        return f"Failed access: user {self.username}{locked_out} on {human(self.attempt_time)} from {self.ip_address}"
+
+    def log(self):
+        return f"Access log for {self.username} @ {human(self.attempt_time)}"
+
+    AccessAttempt.__str__, AccessFailureLog.__str__, AccessLog.__str__ = attempt, failure, log

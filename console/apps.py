@@ -15,9 +15,11 @@ class ConsoleConfig(AppConfig):
         from common.admin_tools import (
             make_tokens_and_login_records_view_only,
             mend_axes_cleanup_action,
+            name_login_records_in_plain_times,
             refuse_unpermitted_actions_everywhere,
         )
 
         mend_axes_cleanup_action(admin.site)
+        name_login_records_in_plain_times()
         make_tokens_and_login_records_view_only(admin.site)
         refuse_unpermitted_actions_everywhere(admin.site)

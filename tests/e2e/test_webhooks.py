@@ -243,6 +243,12 @@ def test_an_executed_payment_is_delivered_well_before_the_next_tick(celery_stack
     with receiver_process(tmp_path) as receiver:
         subscribe(alice.owner, receiver)
         start_stack(celery_stack)
+        # A first payment delivered: the dispatches are running. Beat sends its first tick as
+        # it starts, before the webhooks process is up; under load that tick can expire
+        # unread (its expiry is the 8 s period), and until the next one nothing watches.
+        warm_up = schedule(alice, bob, 1, 1)
+        wait_until(lambda: drained([warm_up.id], receiver), timeout=90, stack=celery_stack,
+                   what="the first event delivered")
         payments = [schedule(alice, bob, 10, 1), schedule(alice, bob, 20, 1 + LONG_TICK_SECONDS)]
         ids = [p.id for p in payments]
         wait_until(lambda: drained(ids, receiver), timeout=90, stack=celery_stack, what="both events delivered")
@@ -255,6 +261,8 @@ def test_an_executed_payment_is_delivered_well_before_the_next_tick(celery_stack
     for entries in summary.by_id.values():
         first = next(e for e in entries if 200 <= e["status"] < 300)
         payment_id = first["payment_id"]
+        if payment_id not in ids:
+            continue  # the warm-up's
         received = datetime.fromtimestamp(first["received_at"], UTC)
         after_execution[payment_id] = (received - executed_at[payment_id]).total_seconds()
     assert set(after_execution) == set(ids)
