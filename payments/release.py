@@ -82,7 +82,6 @@ class Round:
     """What one release round did and saw."""
 
     claimed: int = 0
-    payouts: int = 0
     executed_in_process: int = 0
     full: bool = False  # the claim came back a whole batch: more is due at once
     hot_sender: bool = False  # one sender had more than its fair share (DELAYPAY_CLAIM_PER_SENDER) of it
@@ -123,7 +122,6 @@ def release_round(
         tick = promoter.TickResult()
         promoter.payouts_tick(publish=publish_payouts, deadline=time.monotonic() + horizon_seconds,
                               lease_seconds=lease_seconds, result=tick)
-        result.payouts = tick.payouts
         result.dispatch_lateness += tick.dispatch_lateness
     claim = promoter.Claim()
     # The look-ahead is prepared on the server (common.db.bound_cursor): it runs every round,

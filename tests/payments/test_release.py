@@ -70,6 +70,26 @@ def releaser(**kwargs) -> release.Releaser:
     })
 
 
+def run_releaser_until(instant, **options) -> Published:
+    """A Releaser's thread (``options``: releaser()'s), publishing into a Published, from
+    now until the database's clock reaches ``instant``."""
+    published = Published()
+    r = releaser(**options)
+    original = release.release_round
+
+    def with_stub(**kwargs):
+        return original(**{**kwargs, "publish": published})
+
+    release.release_round = with_stub
+    try:
+        r.start()
+        wait_until_database_time(instant)
+    finally:
+        r.stop()
+        release.release_round = original
+    return published
+
+
 def run_rounds(published: Published, *, seconds: float, **round_kwargs) -> list[release.Round]:
     """Release rounds back to back (no sleep) for ``seconds`` of the database's clock:
     the most rounds a releaser can run, each a chance to claim too early."""
@@ -169,21 +189,8 @@ def test_what_falls_due_between_two_ticks_leaves_within_a_slot_of_its_instant():
     alice, bob = funded_account(balance=1000), funded_account()
     payments = due_spread(alice, bob, [0.4 + i * 0.05 for i in range(20)])
     now = payments[0].execute_at - timedelta(seconds=0.4)
-    published = Published()
-    r = releaser()
-    original = release.release_round
-
-    def with_stub(**kwargs):
-        return original(**{**kwargs, "publish": published})
-
-    release.release_round = with_stub
-    try:
-        r.start()
-        # A tick past the last instant (1.35 s): the releaser has had its chance at every one.
-        wait_until_database_time(now + timedelta(seconds=2.35))
-    finally:
-        r.stop()
-        release.release_round = original
+    # A tick past the last instant (1.35 s): the releaser has had its chance at every one.
+    run_releaser_until(now + timedelta(seconds=2.35))
     rows = claimed_rows([p.id for p in payments])
     lateness = sorted((row.claimed_at - row.execute_at).total_seconds() for row in rows.values())
     assert {row.status for row in rows.values()} == {PaymentStatus.EXECUTING}
@@ -211,20 +218,7 @@ def test_one_senders_burst_at_one_instant_leaves_one_batch_and_the_rest_to_the_f
     payments = due_spread(alice, bob, offsets)
     burst, later = payments[:30], payments[30:]
     now = burst[0].execute_at - timedelta(seconds=0.4)
-    published = Published()
-    r = releaser(batch=10)
-    original = release.release_round
-
-    def with_stub(**kwargs):
-        return original(**{**kwargs, "publish": published})
-
-    release.release_round = with_stub
-    try:
-        r.start()
-        wait_until_database_time(now + timedelta(seconds=1.8))
-    finally:
-        r.stop()
-        release.release_round = original
+    run_releaser_until(now + timedelta(seconds=1.8), batch=10)
     rows = claimed_rows([p.id for p in payments])
     assert sum(rows[p.id].status == PaymentStatus.EXECUTING for p in burst) == 10
     assert {rows[p.id].status for p in later} == {PaymentStatus.EXECUTING}
@@ -263,19 +257,6 @@ def test_a_burst_of_many_senders_is_claimed_on_beside_the_ticks(settings):
         cur.execute("UPDATE payments_scheduledpayment SET execute_at = now() + interval '0.4 seconds'"
                     " WHERE id = ANY(%s) RETURNING execute_at", [[p.id for p in payments]])
         burst_at = cur.fetchone()[0]
-    published = Published()
-    r = releaser(batch=10)
-    original = release.release_round
-
-    def with_stub(**kwargs):
-        return original(**{**kwargs, "publish": published})
-
-    release.release_round = with_stub
-    try:
-        r.start()
-        wait_until_database_time(burst_at + timedelta(seconds=0.3))
-    finally:
-        r.stop()
-        release.release_round = original
+    run_releaser_until(burst_at + timedelta(seconds=0.3), batch=10)
     rows = claimed_rows([p.id for p in payments])
     assert {row.status for row in rows.values()} == {PaymentStatus.EXECUTING}
