@@ -14,7 +14,7 @@ from common.db import database_now
 from payments import release
 from payments.models import PaymentStatus, ScheduledPayment
 from payments.services import payment_cancel, payment_schedule
-from tests.factories import funded_account
+from tests.factories import due_payout, funded_account, payee_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -78,7 +78,7 @@ def run_releaser_until(instant, **options) -> Published:
     original = release.release_round
 
     def with_stub(**kwargs):
-        return original(**{**kwargs, "publish": published})
+        return original(**{**kwargs, "publish": published, "publish_payouts": published})
 
     release.release_round = with_stub
     try:
@@ -260,3 +260,22 @@ def test_a_burst_of_many_senders_is_claimed_on_beside_the_ticks(settings):
     run_releaser_until(burst_at + timedelta(seconds=0.3), batch=10)
     rows = claimed_rows([p.id for p in payments])
     assert {row.status for row in rows.values()} == {PaymentStatus.EXECUTING}
+
+
+def test_a_payout_is_claimed_at_its_instant_within_a_payout_slot_never_before():
+    alice = funded_account(balance=1000)
+    payee = payee_for(alice.owner)
+    payouts = [due_payout(source=alice, payee=payee, amount=1) for _ in range(3)]
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE payments_scheduledpayment p SET execute_at = now() + make_interval(secs => o.offset_s)"
+            " FROM unnest(%s::text[], %s::float8[]) AS o(id, offset_s) WHERE p.id = o.id RETURNING now()",
+            [[p.id for p in payouts], [0.4, 0.6, 0.65]],
+        )
+        now = cur.fetchone()[0]
+    published = run_releaser_until(now + timedelta(seconds=1.6))
+    rows = claimed_rows([p.id for p in payouts])
+    assert sorted(pid for pid, _ in published.pairs) == sorted(p.id for p in payouts)
+    lateness = [(row.claimed_at - row.execute_at).total_seconds() for row in rows.values()]
+    assert min(lateness) >= 0
+    assert max(lateness) < 0.5, lateness  # a payout slot (0.1 s) and a poll, with room; the tick is 1 s
