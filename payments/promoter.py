@@ -345,11 +345,22 @@ def messages_for(claim: Claim) -> list[list[Pair]]:
     return messages
 
 
-def publish_messages(messages: Sequence[list[Pair]]) -> None:
+# The execute queue's two priorities (Redis: kombu keeps a list per priority step, 0, 3,
+# 6 and 9, and every consumer takes from step 0 first). A payment released at its instant
+# is sent ON_TIME; a tick's claim and a release claim that came back a whole batch (a
+# burst, a backlog, retries, re-claims) are sent BACKLOG. So the payments falling due while
+# a burst drains wait for the batches the workers already hold, not behind the burst's
+# whole backlog in Redis (docs/decisions/0019-release-at-the-instant.md). A consumer of an
+# older release reads every step as well; common.broker.queue_lengths counts every step.
+ON_TIME_PRIORITY = 0
+BACKLOG_PRIORITY = 6
+
+
+def publish_messages(messages: Sequence[list[Pair]], *, priority: int = BACKLOG_PRIORITY) -> None:
     """Publish every message of one claim over a single producer connection."""
     with current_app.producer_or_acquire() as producer:
         for pairs in messages:
-            current_app.send_task(EXECUTE_TASK, args=[pairs], producer=producer, retry=False)
+            current_app.send_task(EXECUTE_TASK, args=[pairs], producer=producer, retry=False, priority=priority)
 
 
 def hand_over(

@@ -28,11 +28,13 @@ an empty claim, never an early one.
 The beat's ticks stay what they were: recurring generation, retries, expired leases, the
 backlog of a burst (in due order, fair by sender), the heartbeat. The releaser only takes
 the rows that fall due now. A claim that comes back a whole batch is a burst at that
-instant: of many senders, the releaser claims on beside the ticks while the burst is in
-its window; of one sender (more than DELAYPAY_CLAIM_PER_SENDER of the batch), it leaves
-the rest of what was due then to the ticks' fair claim and goes on with what falls due
-after it. So one sender's burst is drained fairly, and the payments due after a burst
-are not claimed behind its whole backlog
+instant; from then on each round first claims what falls due after that instant (the
+stream), sent at ON_TIME priority (promoter.ON_TIME_PRIORITY), ahead of the burst's
+batches in the execute queue. Of many senders, the releaser also claims on a batch of
+the burst a round, at BACKLOG priority, while the burst is in its window; of one sender
+(more than DELAYPAY_CLAIM_PER_SENDER of the batch), it leaves the rest of the burst to
+the ticks' fair claim. So one sender's burst is drained fairly, and the payments due
+after a burst are neither claimed nor queued behind its whole backlog
 (docs/decisions/0019-release-at-the-instant.md).
 
 One promoter releases at a time: the fleet-wide advisory lock ``RELEASE_LOCK_KEY`` (the
@@ -41,6 +43,7 @@ lock is about pace, never correctness: claims take disjoint rows (``SKIP LOCKED`
 Redis is down the releaser executes in-process what it claims, like a degraded tick.
 """
 
+import functools
 import logging
 import threading
 import time
@@ -83,7 +86,8 @@ class Round:
 
     claimed: int = 0
     executed_in_process: int = 0
-    full: bool = False  # the claim came back a whole batch: more is due at once
+    full: bool = False  # the on-time claim came back a whole batch: a burst at this instant
+    burst_full: bool = False  # the burst's batch (``burst``) came back whole: more of it is in the window
     hot_sender: bool = False  # one sender had more than its fair share (DELAYPAY_CLAIM_PER_SENDER) of it
     database_now: datetime | None = None
     next_due: datetime | None = None  # internal
@@ -109,41 +113,55 @@ def release_round(
     payouts_due: bool,
     degraded: bool,
     after: datetime = NEVER,
+    burst: bool = False,
     publish: Callable = promoter.publish_messages,
     publish_payouts: Callable = promoter.publish_payouts,
     execute_in_process: Callable = promoter.execute_in_process,
 ) -> Round:
     """One round: the payouts whose instant came (``payouts_due``, from the last round's
-    look-ahead), the release claim and the look-ahead in one transaction, then the
-    publish (or, ``degraded`` or when it fails, the execution here). ``after``: claim
-    only rows due after it (the instant of the last claim that came back a whole batch)."""
+    look-ahead), the release claims and the look-ahead in one transaction, then the
+    publish (or, ``degraded`` or when it fails, the execution here).
+
+    The on-time claim takes the rows due after ``after`` (the instant of the last claim
+    that came back a whole batch: a burst's rows are not the stream's) and is sent
+    ON_TIME, unless it is a whole batch itself (a burst at this instant, sent BACKLOG).
+    ``burst`` (a burst of many senders is in the window): one more batch of the window's
+    rows in due order, the burst's, sent BACKLOG behind the on-time ones."""
     result = Round()
     if payouts_due and not degraded:
         tick = promoter.TickResult()
         promoter.payouts_tick(publish=publish_payouts, deadline=time.monotonic() + horizon_seconds,
                               lease_seconds=lease_seconds, result=tick)
         result.dispatch_lateness += tick.dispatch_lateness
-    claim = promoter.Claim()
+    on_time, backlog = promoter.Claim(), promoter.Claim()
+    params = {**promoter.claim_params(batch=batch, lease_seconds=lease_seconds, actor="promoter"),
+              "window": RELEASE_WINDOW_SECONDS}
     # The look-ahead is prepared on the server (common.db.bound_cursor): it runs every round,
     # up to a hundred times a second, and its plan over the schedule's partitions never
-    # changes. The claim is planned each time, as the ticks' claims are: its plan depends
-    # on how many rows are due (a burst, or a few), which a generic plan cannot know.
+    # changes. The claims are planned each time, as the ticks' claims are: their plan
+    # depends on how many rows are due (a burst, or a few), which a generic plan cannot know.
     with transaction.atomic(), connection.cursor() as cur, bound_cursor() as prepared:
-        claim.add_rows(promoter._claim_rows(cur, sql.CLAIM_RELEASE, {
-            **promoter.claim_params(batch=batch, lease_seconds=lease_seconds, actor="promoter"),
-            "window": RELEASE_WINDOW_SECONDS, "after": after,
-        }))
+        on_time.add_rows(promoter._claim_rows(cur, sql.CLAIM_RELEASE, {**params, "after": after}))
+        if burst and len(on_time) < batch:
+            backlog.add_rows(promoter._claim_rows(cur, sql.CLAIM_RELEASE, {**params, "after": NEVER}))
         prepared.execute(sql.RELEASE_NEXT_DUE, {"horizon": horizon_seconds, "rails": list(RAIL_NAMES)})
         result.database_now, result.next_due, result.next_payout_due = prepared.fetchone()
-    result.claimed = len(claim)
-    result.full = len(claim) >= batch
+    result.claimed = len(on_time) + len(backlog)
+    result.full = len(on_time) >= batch
+    result.burst_full = len(backlog) >= batch
     cap = settings.DELAYPAY_CLAIM_PER_SENDER
-    result.hot_sender = bool(cap) and max(claim.fresh_senders.values(), default=0) > cap
-    result.dispatch_lateness += claim.dispatch_lateness
-    if claim:
-        _, result.executed_in_process = promoter.hand_over(
-            promoter.messages_for(claim), degraded=degraded, publish=publish, execute_in_process=execute_in_process,
-        )
+    result.hot_sender = bool(cap) and max(on_time.fresh_senders.values(), default=0) > cap
+    result.dispatch_lateness += on_time.dispatch_lateness + backlog.dispatch_lateness
+    # A whole batch is a burst at this instant: sent behind what falls due one by one.
+    for claim, priority in ((on_time, promoter.BACKLOG_PRIORITY if result.full else promoter.ON_TIME_PRIORITY),
+                            (backlog, promoter.BACKLOG_PRIORITY)):
+        if claim:
+            _, executed = promoter.hand_over(
+                promoter.messages_for(claim), degraded=degraded, publish=functools.partial(publish, priority=priority),
+                execute_in_process=execute_in_process,
+            )
+            result.executed_in_process += executed
+            degraded = degraded or bool(executed)  # the publish failed: the rest runs here too
     return result
 
 
@@ -171,6 +189,7 @@ class Releaser:
         self._payouts_due = False
         self._payouts_not_before = 0.0
         self._after = NEVER
+        self._burst = False
         self._broker_down_until = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -200,23 +219,25 @@ class Releaser:
             payouts_now = self._payouts_due and began >= self._payouts_not_before
             result = release_round(
                 batch=self.batch, lease_seconds=self.lease_seconds, horizon_seconds=self.period_seconds,
-                payouts_due=payouts_now, degraded=degraded, after=self._after,
+                payouts_due=payouts_now, degraded=degraded, after=self._after, burst=self._burst,
             )
             if payouts_now:
                 self._payouts_due, self._payouts_not_before = False, began + PAYOUT_SLOT_SECONDS
-            if result.full and result.hot_sender:
-                # One sender's burst at the instant: one batch of it leaves now, the rest is
-                # the ticks' backlog, claimed fairly by sender (DELAYPAY_CLAIM_PER_SENDER);
-                # the releaser goes on with what falls due after it.
+            if result.full:
+                # A burst at the instant: one batch of it left now. What falls due after it is
+                # claimed first from now on (the stream is not claimed behind the burst).
+                # One sender's burst (DELAYPAY_CLAIM_PER_SENDER) is left to the ticks, which
+                # claim fairly by sender; a burst of many senders is claimed on beside them,
+                # a batch a round, while it is in the window.
                 self._after = result.database_now
+                self._burst = not result.hot_sender
+            elif self._burst and not result.burst_full:
+                self._burst = False  # the burst left the window, or is all claimed
             rounds += 1
             if result.executed_in_process and not degraded:
                 self._broker_down_until = self._clock() + BROKER_DOWN_SECONDS
             metrics.record_release(result)
-            # A burst of many senders: claimed again at once, beside the ticks, while it is
-            # within the window (no sender is held behind another's rows).
-            wait = 0.0 if result.full and not result.hot_sender else max(
-                self.slot_seconds, result.wake_after(poll=self.poll_seconds))
+            wait = 0.0 if self._burst else max(self.slot_seconds, result.wake_after(poll=self.poll_seconds))
             # The payouts' instant comes by the next round (the round's now() is about `began`);
             # once due they stay due until a round claims them, at most once a payout slot.
             self._payouts_due = self._payouts_due or (result.next_payout_due is not None and (

@@ -17,6 +17,7 @@ rail paced at ``--rail-rate`` payouts a second. Figures:
 
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from django.db import connection, transaction
@@ -137,19 +138,28 @@ def kind_figures(rows: list[tuple[float, float, str]], *, due: float) -> dict:
 
 
 def gateway_check(gateway: SandboxGateway) -> dict:
-    """Every EXECUTED payout has exactly one payout at the gateway, every FAILED one none."""
+    """Every EXECUTED payout has exactly one payout at the gateway, every FAILED one none;
+    and when each payout reached the rail: the gateway's ``created`` of its first record
+    (paid or declined) minus its ``execute_at``, on this machine's one clock (issue 35's
+    "a payout reaches the rail within 250 ms of its due time")."""
     paid: dict[str, int] = {}
+    reached: dict[str, float] = {}
     for row in gateway.all_payouts():
+        key = row["idempotency_key"]
         if row["status"] == "paid":
-            paid[row["idempotency_key"]] = paid.get(row["idempotency_key"], 0) + 1
+            paid[key] = paid.get(key, 0) + 1
+        at = datetime.fromisoformat(row["created"].replace("Z", "+00:00")).timestamp()
+        reached[key] = min(at, reached.get(key, at))
     with connection.cursor() as cur:
-        cur.execute("SELECT id, status FROM payments_scheduledpayment WHERE rail <> ''")
-        statuses = dict(cur.fetchall())
+        cur.execute("SELECT id, status, extract(epoch FROM execute_at)::float8 FROM payments_scheduledpayment"
+                    " WHERE rail <> ''")
+        rows = cur.fetchall()
         cur.execute("SELECT count(*) FROM ledger_pendingtransfer WHERE state = 'pending'")
         (pending,) = cur.fetchone()
-    wrong = sum(1 for pid, st in statuses.items() if paid.get(pid, 0) != (1 if st == "EXECUTED" else 0))
+    wrong = sum(1 for pid, st, _ in rows if paid.get(pid, 0) != (1 if st == "EXECUTED" else 0))
     return {"gateway_paid": sum(paid.values()), "keys_paid_twice": sum(1 for n in paid.values() if n > 1),
-            "wrong": wrong, "pending_reserves": pending}
+            "wrong": wrong, "pending_reserves": pending,
+            "reached_rail_s": summarize([reached[pid] - due for pid, _, due in rows if pid in reached])}
 
 
 def drain(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: str, with_payouts: bool, say,
@@ -236,6 +246,7 @@ def run_steady(opts: PayoutOptions, *, redis_url: str, log_dir: Path, run_id: st
         "payouts": figures,
         "gateway": gateway,
         "execution_lateness_s": figures.get("execution_lateness_s"),
+        "reached_rail_s": gateway.get("reached_rail_s"),
         "correct": result["reconcile_violations"] == 0 and figures.get("payments") == payouts
         and figures.get("failed") == payouts // DECLINE_EVERY
         and not (gateway.get("keys_paid_twice") or gateway.get("wrong") or gateway.get("pending_reserves")),
@@ -299,6 +310,8 @@ def summary(result: dict) -> str:
             f"payouts on time: {p.get('executed', 0):,} executed, {p.get('failed', 0):,} declined, due evenly at "
             f"{result['steady_rate']:g}/s; execution lateness (s) p50 / p95 / p99 / max "
             + " / ".join(f"{late.get(k, 0):.3f}" for k in ("p50", "p95", "p99", "max"))
+            + "\nreached the rail (s, the gateway's record minus execute_at) p50 / p95 / p99 / max "
+            + " / ".join(f"{(result.get('reached_rail_s') or {}).get(k, 0):.3f}" for k in ("p50", "p95", "p99", "max"))
             + f"\ngateway: {g.get('gateway_paid')} paid, keys paid twice {g.get('keys_paid_twice')}, wrong "
             f"{g.get('wrong')}, reserves pending {g.get('pending_reserves')}; correct={result['correct']}"
         )

@@ -177,3 +177,32 @@ def test_one_claim_never_exceeds_its_batch_and_takes_expired_leases_first():
     assert len(claim) == 4
     assert sorted(pid for pid, _ in claim.reclaimed) == sorted(p.id for p in stranded)
     assert len(claim.fresh) == 1 and claim.fresh[0][0] in {p.id for p in fresh}
+
+
+def test_a_message_sent_on_time_is_taken_before_a_backlog_sent_earlier():
+    """The execute queue's priorities (promoter.ON_TIME_PRIORITY, BACKLOG_PRIORITY), on the
+    real Redis: kombu keeps a list per priority step and a consumer reads step 0 first, so a
+    payment released at its instant is not queued behind a burst's batches published
+    before it. queue_lengths counts every step."""
+    from celery import current_app
+
+    from common import broker
+    from payments import promoter
+    from tests.conftest import flush_test_redis
+
+    flush_test_redis()
+    try:
+        promoter.publish_messages([[[f"pay_backlog{i}", 1]] for i in range(3)])  # a tick's: BACKLOG
+        promoter.publish_messages([[["pay_on_time", 1]]], priority=promoter.ON_TIME_PRIORITY)
+        promoter.publish_messages([[["pay_backlog3", 1]]])
+        assert broker.queue_lengths()["execute"] == 5
+        taken = []
+        with current_app.connection_for_read() as conn:
+            queue = conn.SimpleQueue("execute", no_ack=True)
+            for _ in range(5):
+                args, _kwargs, _embed = queue.get(timeout=2).payload
+                taken.append(args[0][0][0])
+            queue.close()
+        assert taken == ["pay_on_time", "pay_backlog0", "pay_backlog1", "pay_backlog2", "pay_backlog3"]
+    finally:
+        flush_test_redis()

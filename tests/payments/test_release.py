@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import connection
 
 from common.db import database_now
-from payments import release
+from payments import promoter, release
 from payments.models import PaymentStatus, ScheduledPayment
 from payments.services import payment_cancel, payment_schedule
 from tests.factories import due_payout, funded_account, payee_for
@@ -55,12 +55,17 @@ def claimed_rows(ids):
 
 
 class Published:
+    """A stand-in publisher: the pairs published, and each message's priority (None: a
+    payouts message, which has no priority)."""
+
     def __init__(self):
         self.pairs = []
+        self.priorities = []
 
-    def __call__(self, messages):
+    def __call__(self, messages, priority=None):
         for message in messages:
             self.pairs += [tuple(p) for p in message]
+            self.priorities.append(priority)
 
 
 def releaser(**kwargs) -> release.Releaser:
@@ -113,6 +118,8 @@ def test_nothing_is_claimed_before_its_due_instant_by_the_database_clock():
     assert sorted(published.pairs) == sorted((p.id, 1) for p in payments)
     for row in rows.values():
         assert row.claimed_at >= row.execute_at, (row.id, row.claimed_at, row.execute_at)
+    # Released one by one at their instants: ahead of any backlog in the execute queue.
+    assert set(published.priorities) == {promoter.ON_TIME_PRIORITY}
 
 
 def test_the_look_ahead_names_the_next_instant_and_nothing_past_the_horizon():
@@ -257,9 +264,38 @@ def test_a_burst_of_many_senders_is_claimed_on_beside_the_ticks(settings):
         cur.execute("UPDATE payments_scheduledpayment SET execute_at = now() + interval '0.4 seconds'"
                     " WHERE id = ANY(%s) RETURNING execute_at", [[p.id for p in payments]])
         burst_at = cur.fetchone()[0]
-    run_releaser_until(burst_at + timedelta(seconds=0.3), batch=10)
+    published = run_releaser_until(burst_at + timedelta(seconds=0.3), batch=10)
     rows = claimed_rows([p.id for p in payments])
     assert {row.status for row in rows.values()} == {PaymentStatus.EXECUTING}
+    # Whole batches are a burst: sent behind what falls due one by one. The last claim
+    # (the burst's remainder, not a whole batch) may go either way.
+    assert published.priorities[:2] == [promoter.BACKLOG_PRIORITY] * 2, published.priorities
+
+
+def test_during_a_burst_what_falls_due_after_it_is_claimed_first_and_sent_ahead_of_it():
+    """A round after a burst's first whole batch: the payment due after the burst's instant
+    is claimed first and published at ON_TIME priority, then one more batch of the burst
+    at BACKLOG priority (the workers take ON_TIME messages first: test_promoter.py)."""
+    target = funded_account()
+    payers = [funded_account(balance=10) for _ in range(30)]
+    burst = [due_in(payer, target, 60) for payer in payers]
+    stream = due_in(payers[0], target, 60)
+    with connection.cursor() as cur:
+        cur.execute("UPDATE payments_scheduledpayment SET execute_at = now() - interval '0.2 seconds'"
+                    " WHERE id = ANY(%s)", [[p.id for p in burst]])
+    published = Published()
+    first = release.release_round(batch=10, lease_seconds=60, horizon_seconds=1.0, payouts_due=False,
+                                  degraded=False, publish=published)
+    assert (first.full, first.claimed, published.priorities) == (True, 10, [promoter.BACKLOG_PRIORITY])
+    with connection.cursor() as cur:
+        cur.execute("UPDATE payments_scheduledpayment SET execute_at = now() WHERE id = %s", [stream.id])
+    published = Published()
+    second = release.release_round(batch=10, lease_seconds=60, horizon_seconds=1.0, payouts_due=False,
+                                   degraded=False, publish=published, after=first.database_now, burst=True)
+    assert (second.full, second.burst_full, second.claimed) == (False, True, 11)
+    assert published.priorities == [promoter.ON_TIME_PRIORITY, promoter.BACKLOG_PRIORITY]
+    assert published.pairs[0] == (stream.id, 1)
+    assert {pid for pid, _ in published.pairs[1:]} <= {p.id for p in burst}
 
 
 def test_a_payout_is_claimed_at_its_instant_within_a_payout_slot_never_before():
