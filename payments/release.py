@@ -88,7 +88,7 @@ class Round:
     executed_in_process: int = 0
     full: bool = False  # the on-time claim came back a whole batch: a burst at this instant
     burst_full: bool = False  # the burst's batch (``burst``) came back whole: more of it is in the window
-    hot_sender: bool = False  # one sender had more than its fair share (DELAYPAY_CLAIM_PER_SENDER) of it
+    hot_sender: bool = False  # one sender had more than its fair share (DELAYPAY_CLAIM_PER_SENDER) of a claim
     database_now: datetime | None = None
     next_due: datetime | None = None  # internal
     next_payout_due: datetime | None = None
@@ -150,7 +150,8 @@ def release_round(
     result.full = len(on_time) >= batch
     result.burst_full = len(backlog) >= batch
     cap = settings.DELAYPAY_CLAIM_PER_SENDER
-    result.hot_sender = bool(cap) and max(on_time.fresh_senders.values(), default=0) > cap
+    result.hot_sender = bool(cap) and max(
+        (*on_time.fresh_senders.values(), *backlog.fresh_senders.values()), default=0) > cap
     result.dispatch_lateness += on_time.dispatch_lateness + backlog.dispatch_lateness
     # A whole batch is a burst at this instant: sent behind what falls due one by one.
     for claim, priority in ((on_time, promoter.BACKLOG_PRIORITY if result.full else promoter.ON_TIME_PRIORITY),
@@ -231,8 +232,10 @@ class Releaser:
                 # a batch a round, while it is in the window.
                 self._after = result.database_now
                 self._burst = not result.hot_sender
-            elif self._burst and not result.burst_full:
-                self._burst = False  # the burst left the window, or is all claimed
+            elif self._burst and (result.hot_sender or not result.burst_full):
+                # The burst left the window or is all claimed; or what is left of it is
+                # mostly one sender's, which the ticks claim fairly.
+                self._burst = False
             rounds += 1
             if result.executed_in_process and not degraded:
                 self._broker_down_until = self._clock() + BROKER_DOWN_SECONDS

@@ -1,6 +1,7 @@
 import functools
 import io
 import os
+import socket
 import subprocess
 from urllib.parse import urlsplit, urlunsplit
 
@@ -317,6 +318,22 @@ def api(user):
 @pytest.fixture
 def staff_api(staff_user):
     return client_for(staff_user)
+
+
+@pytest.fixture
+def no_sockets(monkeypatch):
+    """Fail the test if anything tries to connect (the address checks must refuse before
+    any socket opens). The refused socket is closed before the failure is raised: left
+    open, the garbage collector would close it at some later instant, and its
+    ResourceWarning would fail whichever test is running then, not this one (as a socket
+    that never connected once failed a property test in CI)."""
+
+    def refuse(self, address):
+        self.close()
+        raise AssertionError(f"a socket was opened to {address}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
 
 
 def flush_test_redis(url: str | None = None) -> None:

@@ -298,6 +298,28 @@ def test_during_a_burst_what_falls_due_after_it_is_claimed_first_and_sent_ahead_
     assert {pid for pid, _ in published.pairs[1:]} <= {p.id for p in burst}
 
 
+def test_a_burst_batch_mostly_of_one_sender_is_seen_as_that_senders_burst(settings):
+    """Claiming on beside the ticks stops when the burst's batch is one sender's: the
+    round says so (hot_sender), and the releaser leaves the rest to the fair ticks."""
+    settings.DELAYPAY_CLAIM_PER_SENDER = 5
+    target = funded_account()
+    payers = [funded_account(balance=10) for _ in range(10)]
+    hot = funded_account(balance=100)
+    many = [due_in(payer, target, 60) for payer in payers]
+    one = [due_in(hot, target, 60) for _ in range(20)]
+    with connection.cursor() as cur:
+        cur.execute("UPDATE payments_scheduledpayment SET execute_at = now() - interval '0.3 seconds'"
+                    " WHERE id = ANY(%s)", [[p.id for p in many]])
+        cur.execute("UPDATE payments_scheduledpayment SET execute_at = now() - interval '0.2 seconds'"
+                    " WHERE id = ANY(%s)", [[p.id for p in one]])
+    first = release.release_round(batch=10, lease_seconds=60, horizon_seconds=1.0, payouts_due=False,
+                                  degraded=False, publish=Published())
+    assert (first.full, first.hot_sender) == (True, False)
+    second = release.release_round(batch=10, lease_seconds=60, horizon_seconds=1.0, payouts_due=False,
+                                   degraded=False, publish=Published(), after=first.database_now, burst=True)
+    assert (second.burst_full, second.hot_sender) == (True, True)
+
+
 def test_a_payout_is_claimed_at_its_instant_within_a_payout_slot_never_before():
     alice = funded_account(balance=1000)
     payee = payee_for(alice.owner)

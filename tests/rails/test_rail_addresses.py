@@ -15,17 +15,6 @@ from rails.http import HttpRail
 from rails.registry import close_rails, get_rail
 
 
-@pytest.fixture
-def no_sockets(monkeypatch):
-    """Fail the test if anything tries to connect."""
-
-    def refuse(self, address):
-        raise AssertionError(f"a socket was opened to {address}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-
-
 def fake_dns(monkeypatch, *addresses):
     def getaddrinfo(host, port, *args, **kwargs):
         return [

@@ -140,15 +140,6 @@ def production(settings):
     settings.DELAYPAY_WEBHOOK_ALLOW_HOSTS = []
 
 
-@pytest.fixture
-def no_sockets(monkeypatch):
-    def refuse(self, address):
-        raise AssertionError(f"a socket was opened to {address}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-
-
 def no_resolution(*args, **kwargs):
     raise AssertionError("resolved at save time")
 

@@ -14,17 +14,6 @@ from webhooks.safety import DeliveryRefused, WebhookURLRefused, resolve_target, 
 
 
 @pytest.fixture
-def no_sockets(monkeypatch):
-    """Fail the test if anything tries to connect."""
-
-    def refuse(self, address):
-        raise AssertionError(f"a socket was opened to {address}")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-
-
-@pytest.fixture
 def production(settings):
     settings.DEBUG = False
     settings.DELAYPAY_WEBHOOK_ALLOW_HOSTS = []
