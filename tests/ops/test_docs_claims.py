@@ -2,7 +2,8 @@
 configuration page; every Procfile process is in the production guide; every alert rule has
 a row in the operations reference and a runbook section; every metric the code exports is
 in the operations reference; every test file the docs name exists; and the files, tests,
-settings and error codes the threat model names exist. (Broken links and anchors fail
+settings and error codes the threat model names exist; and the other way round, every
+setting and metric the docs name exists. (Broken links and anchors fail
 `make docs`: mkdocs.yml's validation, strict.)"""
 
 import re
@@ -14,6 +15,8 @@ from api.errors import ERROR_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+PRODUCT_PACKAGES = ("api", "console", "payouts", "recurring", "payments", "ledger", "webhooks", "delaypay", "common",
+                    "rails")
 
 
 def test_every_delaypay_setting_is_in_the_configuration_page():
@@ -61,14 +64,39 @@ METRIC = re.compile(
 
 def test_every_exported_metric_is_in_the_operations_reference():
     operations = (DOCS / "reference" / "operations.md").read_text()
-    names = set()
-    for package in (
-        "api", "console", "payouts", "recurring", "payments", "ledger", "webhooks", "delaypay", "common", "rails",
-    ):
-        for path in (ROOT / package).rglob("*.py"):
-            names |= set(METRIC.findall(path.read_text()))
+    names = exported_metrics()
     assert len(names) > 20
     assert not sorted(n for n in names if f"`{n}" not in operations)
+
+
+def exported_metrics() -> set[str]:
+    """Every metric family the code names (METRIC, in the product's packages)."""
+    names = set()
+    for package in PRODUCT_PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            names |= set(METRIC.findall(path.read_text()))
+    return names
+
+
+def test_every_setting_and_metric_the_docs_name_exists():
+    """The other way round: a `DELAYPAY_*` name anywhere in the docs is an environment
+    variable the code, the Procfile, the Makefile or the tests read; a `delaypay_*` metric the docs
+    name (its `_total`, `_bucket`, `_count`, `_sum` series too) is one the code exports.
+    Prefixes (`DELAYPAY_RAIL_BREAKER_`) and the scratch databases' names are not claims."""
+    texts = [(ROOT / "README.md").read_text(), (ROOT / "CHANGELOG.md").read_text(),
+             *(p.read_text() for p in DOCS.rglob("*.md"))]
+    sources = [p for package in (*PRODUCT_PACKAGES, "devtools", "tests") for p in (ROOT / package).rglob("*.py")]
+    readers = "\n".join([(ROOT / "Procfile").read_text(), (ROOT / "Makefile").read_text(),
+                         *(p.read_text() for p in sources)])
+    named = {n for text in texts for n in re.findall(r"\bDELAYPAY_[A-Z0-9_]*[A-Z0-9]\b", text)}
+    assert len(named) > 50
+    assert not sorted(n for n in named if not re.search(rf"\b{n}\b", readers))
+    metrics = exported_metrics()
+    quoted = {m for text in texts for m in re.findall(r"`(delaypay_[a-z0-9_]*[a-z0-9])\b", text)}
+    databases = {"delaypay_chaos"}
+    assert len(quoted) > 30
+    family = {m: re.sub(r"_(total|bucket|count|sum)$", "", m) for m in quoted - databases}
+    assert not sorted(m for m, f in family.items() if m not in metrics and f not in metrics)
 
 
 def test_every_test_file_the_docs_name_exists():
